@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI): routes per resource, auth dependencies, error mapping."""

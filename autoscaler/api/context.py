@@ -1,0 +1,23 @@
+"""What the API needs from the running process, passed in rather than imported as globals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.clock import Clock, SystemClock
+from autoscaler.config import AutoscalerConfig
+
+
+@dataclass
+class AppContext:
+    config: AutoscalerConfig
+    sessions: sessionmaker[Session]
+    clock: Clock = field(default_factory=SystemClock)
+    # Called after enqueue and worker changes; the reconciler debounces it.
+    wake: Callable[[str], None] = lambda _reason: None
+    # Optional components attached by `autoscaler up` (policy service, reconciler...).
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,92 @@
+"""Request-scoped helpers: the app context, one transaction per request, and the
+checks that turn a bearer token into a principal allowed to do the thing asked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from autoscaler.api.context import AppContext
+from autoscaler.api.ratelimit import AuthFailureLimiter
+from autoscaler.auth.tokens import Principal, resolve
+from autoscaler.errors import Forbidden, NotFound, Unauthorized
+from autoscaler.state.models import ApiToken
+
+
+def get_context(request: Request) -> AppContext:
+    ctx: AppContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[AppContext, Depends(get_context)]
+
+
+@dataclass
+class Credentials:
+    """The bearer token presented (not yet checked) and who presented it."""
+
+    token: str | None
+    client: str
+    limiter: AuthFailureLimiter
+    ctx: AppContext
+
+    def _resolve(self, session: Session) -> tuple[Principal, ApiToken]:
+        self.limiter.check(self.client)
+        if not self.token:
+            raise Unauthorized("missing bearer token: pass --token or set AUTOSCALER_TOKEN")
+        try:
+            return resolve(session, self.token, self.ctx.clock.now())
+        except Unauthorized:
+            self.limiter.failed(self.client)
+            raise
+
+    def user(self, session: Session) -> Principal:
+        """An admin or a team member."""
+        principal, _ = self._resolve(session)
+        if principal.kind not in ("admin", "team"):
+            raise Forbidden(f"a {principal.kind} token cannot use this endpoint; use an admin or team token")
+        return principal
+
+    def admin(self, session: Session) -> Principal:
+        principal, _ = self._resolve(session)
+        if not principal.is_admin:
+            raise Forbidden("this endpoint needs an admin token")
+        return principal
+
+    def join(self, session: Session) -> ApiToken:
+        principal, row = self._resolve(session)
+        if principal.kind != "join":
+            raise Forbidden("registration needs a join token: `autoscaler token create --join --pool P`")
+        return row
+
+    def worker(self, session: Session, worker_id: str) -> Principal:
+        principal, _ = self._resolve(session)
+        if principal.kind != "worker":
+            raise Forbidden("this endpoint is for agents and needs a worker token")
+        if principal.worker_id != worker_id:
+            # 404, not 403: a worker learns nothing about other workers' ids.
+            raise NotFound(f"worker {worker_id} is not registered")
+        return principal
+
+
+def get_credentials(request: Request) -> Credentials:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    token = value.strip() if scheme.lower() == "bearer" else None
+    client = request.client.host if request.client else "unknown"
+    return Credentials(token=token or None, client=client, limiter=request.app.state.limiter, ctx=get_context(request))
+
+
+Auth = Annotated[Credentials, Depends(get_credentials)]
+
+
+@contextmanager
+def tx(ctx: AppContext) -> Iterator[Session]:
+    """One transaction for the whole request: committed before the response is sent."""
+    with ctx.sessions() as session, session.begin():
+        yield session

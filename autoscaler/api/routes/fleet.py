@@ -1,0 +1,81 @@
+"""Read-only views of the fleet: pools, instances and reconcile decisions.
+
+Team members see pools and the instances launched for their team; decisions hold
+every team's figures, so they are for admins.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import func, select
+
+from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.api.schemas import DecisionOut, InstanceOut, PoolOut
+from autoscaler.errors import NotFound
+from autoscaler.state.models import DecisionRecord, Instance
+
+router = APIRouter(prefix="/api/v1", tags=["fleet"])
+LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
+
+
+@router.get("/pools", response_model=list[PoolOut])
+def pools(auth: Auth, ctx: Ctx) -> list[PoolOut]:
+    with tx(ctx) as s:
+        auth.user(s)
+        counts = dict(
+            s.execute(  # type: ignore[arg-type]
+                select(Instance.pool, func.count())
+                .where(Instance.state.in_(LIVE_INSTANCE_STATES))
+                .group_by(Instance.pool)
+            ).all()
+        )
+    return [
+        PoolOut(
+            name=p.name, provider=p.provider, region=p.region, zones=p.zones, capacity_types=list(p.capacity_types),
+            min_instances=p.min_instances, max_instances=p.max_instances, idle_timeout_s=p.idle_timeout_s,
+            boot_timeout_s=p.boot_timeout_s, instances=counts.get(p.name, 0),
+        )
+        for p in ctx.config.pools
+    ]
+
+
+@router.get("/instances", response_model=list[InstanceOut])
+def instances(
+    auth: Auth,
+    ctx: Ctx,
+    pool: str | None = None,
+    state: str | None = None,
+    include_terminated: bool = False,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> list[Instance]:
+    with tx(ctx) as s:
+        principal = auth.user(s)
+        stmt = select(Instance).order_by(Instance.created_at.desc()).limit(limit)
+        if not principal.is_admin:
+            stmt = stmt.where(Instance.team == principal.team)
+        if pool:
+            stmt = stmt.where(Instance.pool == pool)
+        if state:
+            stmt = stmt.where(Instance.state == state)
+        elif not include_terminated:
+            stmt = stmt.where(Instance.state.in_(LIVE_INSTANCE_STATES))
+        return list(s.scalars(stmt))
+
+
+@router.get("/decisions", response_model=list[DecisionOut])
+def decisions(auth: Auth, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[DecisionRecord]:
+    with tx(ctx) as s:
+        auth.admin(s)
+        return list(s.scalars(select(DecisionRecord).order_by(DecisionRecord.id.desc()).limit(limit)))
+
+
+@router.get("/decisions/{decision_id}", response_model=DecisionOut)
+def decision(decision_id: int, auth: Auth, ctx: Ctx) -> DecisionRecord:
+    with tx(ctx) as s:
+        auth.admin(s)
+        row = s.get(DecisionRecord, decision_id)
+        if row is None:
+            raise NotFound(f"decision {decision_id} not found")
+        return row

@@ -1,0 +1,100 @@
+"""Tasks: enqueue, list, get, cancel, logs. Team members see only their team's tasks;
+another team's task answers 404, so ids do not leak."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.api.schemas import LogChunkOut, TaskDetail, TaskEventOut, TaskIn, TaskOut
+from autoscaler.auth.tokens import Principal
+from autoscaler.errors import Forbidden, NotFound
+from autoscaler.queueing import tasks as ops
+from autoscaler.queueing.states import TaskState
+from autoscaler.state.models import Task, TaskEvent
+
+router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+
+
+def visible_task(session: Session, principal: Principal, task_id: str, *, lock: bool = False) -> Task:
+    task = session.get(Task, task_id, with_for_update=lock) if len(task_id) <= 64 else None
+    if task is None or (not principal.is_admin and task.team != principal.team):
+        raise NotFound(f"task {task_id} not found")
+    return task
+
+
+@router.post("", response_model=TaskOut, status_code=201)
+def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
+    with tx(ctx) as s:
+        principal = auth.user(s)
+        if principal.is_admin:
+            # An admin enqueues for a named team, or for the catch-all team "default".
+            team = body.team or "default"
+        else:
+            if body.team and body.team != principal.team:
+                raise Forbidden(f"a {principal.team} token cannot enqueue for team {body.team}")
+            team = principal.team or ""
+        spec = ops.TaskSpec(**body.model_dump(exclude={"team"}))
+        task = ops.enqueue(s, spec, team=team, now=ctx.clock.now())
+    ctx.wake("enqueue")
+    return task
+
+
+@router.get("", response_model=list[TaskOut])
+def list_tasks(
+    auth: Auth,
+    ctx: Ctx,
+    queue: str | None = None,
+    state: Annotated[list[TaskState] | None, Query()] = None,
+    team: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[Task]:
+    with tx(ctx) as s:
+        principal = auth.user(s)
+        stmt = select(Task).order_by(Task.created_at.desc()).limit(limit)
+        if not principal.is_admin:
+            if team and team != principal.team:
+                return []
+            team = principal.team
+        if team:
+            stmt = stmt.where(Task.team == team)
+        if queue:
+            stmt = stmt.where(Task.queue == queue)
+        if state:
+            stmt = stmt.where(Task.state.in_([x.value for x in state]))
+        return list(s.scalars(stmt))
+
+
+@router.get("/{task_id}", response_model=TaskDetail)
+def get_task(task_id: str, auth: Auth, ctx: Ctx) -> TaskDetail:
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        events = s.scalars(select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id))
+        return TaskDetail(
+            **TaskOut.model_validate(task).model_dump(),
+            events=[TaskEventOut.model_validate(e) for e in events],
+        )
+
+
+@router.post("/{task_id}/cancel", response_model=TaskOut)
+def cancel(task_id: str, auth: Auth, ctx: Ctx) -> Task:
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id, lock=True)
+        return ops.cancel(s, task, now=ctx.clock.now())
+
+
+@router.get("/{task_id}/logs", response_model=list[LogChunkOut])
+def logs(
+    task_id: str,
+    auth: Auth,
+    ctx: Ctx,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> list[LogChunkOut]:
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        return [LogChunkOut.model_validate(c) for c in ops.read_logs(s, task.id, after=after, limit=limit)]

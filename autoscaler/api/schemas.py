@@ -1,0 +1,271 @@
+"""Request and response bodies of the HTTP API (pydantic). Bounds here are the first
+line of defence against hostile input: every string and list has a maximum size."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+Arg = Annotated[str, StringConstraints(max_length=8192)]
+EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class QueueIn(Body):
+    name: Name
+    pools: list[Name] = Field(min_length=1, max_length=32)
+    priority: int = Field(0, ge=-1000, le=1000)
+    teams: list[Name] = Field(default_factory=list, max_length=256)
+
+
+class QueueOut(Out):
+    name: str
+    pools: list[str]
+    priority: int
+    teams: list[str]
+    depth: int = 0
+    running: int = 0
+    oldest_wait_s: float | None = None
+
+
+class TaskIn(Body):
+    queue: Name
+    command: list[Arg] = Field(min_length=1, max_length=4096)
+    gpus: int = Field(0, ge=0, le=64)
+    gpu_type: Annotated[str, StringConstraints(max_length=64)] | None = None
+    cpus: float = Field(0, ge=0, le=1024)
+    memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024)
+    env: dict[EnvKey, Annotated[str, StringConstraints(max_length=32768)]] = Field(default_factory=dict, max_length=256)
+    working_dir: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    priority: int = Field(0, ge=-1000, le=1000)
+    max_attempts: int = Field(3, ge=1, le=100)
+    timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
+    team: Name | None = Field(None, description="Admins only: enqueue on behalf of a team.")
+
+
+class TaskOut(Out):
+    id: str
+    queue: str
+    team: str
+    command: list[str]
+    env: dict[str, str]
+    working_dir: str | None
+    gpus: int
+    gpu_type: str | None
+    cpus: float
+    memory_mb: int
+    priority: int
+    max_attempts: int
+    timeout_s: float | None
+    state: str
+    attempts: int
+    worker_id: str | None
+    gpu_indices: list[int]
+    exit_code: int | None
+    end_reason: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TaskEventOut(Out):
+    at: datetime
+    from_state: str | None
+    to_state: str
+    reason: str
+    attempt: int
+    worker_id: str | None
+    detail: str
+
+
+class TaskDetail(TaskOut):
+    events: list[TaskEventOut]
+
+
+class LogChunkOut(Out):
+    id: int
+    attempt: int
+    stream: str
+    data: str
+    at: datetime
+
+
+class LogChunkIn(Body):
+    stream: Literal["stdout", "stderr"]
+    data: Annotated[str, StringConstraints(max_length=256 * 1024)]
+
+
+class LogsIn(Body):
+    chunks: list[LogChunkIn] = Field(max_length=256)
+
+
+class GpuInfo(Body):
+    index: int = Field(ge=0, le=63)
+    uuid: Annotated[str, StringConstraints(max_length=128)] = ""
+    model: Annotated[str, StringConstraints(max_length=128)] = ""
+    memory_mb: int = Field(0, ge=0)
+    driver_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    cuda_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    simulated: bool = False
+
+
+class RegisterIn(Body):
+    hostname: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    instance_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    provider: Name
+    pool: Name
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    cpus: int = Field(0, ge=0, le=4096)
+    memory_mb: int = Field(0, ge=0)
+    agent_version: Annotated[str, StringConstraints(max_length=32)] = ""
+
+
+class RegisterOut(BaseModel):
+    worker_id: str
+    worker_token: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+
+
+class GpuMetric(Body):
+    index: int = Field(ge=0, le=63)
+    utilization_pct: float = Field(0, ge=0, le=100)
+    memory_used_mb: float = Field(0, ge=0)
+    memory_total_mb: float = Field(0, ge=0)
+    temperature_c: float | None = None
+    error: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
+class HeartbeatIn(Body):
+    gpu_metrics: list[GpuMetric] = Field(default_factory=list, max_length=64)
+    running: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=64)
+    draining: bool = False
+
+
+class HeartbeatOut(BaseModel):
+    drain: bool
+    drain_deadline: datetime | None
+    cancel: list[str]
+    shutdown: bool
+
+
+class LeaseOut(BaseModel):
+    task: TaskOut | None
+
+
+class FinishIn(Body):
+    reason: Literal["exit", "canceled", "interrupted", "timeout", "start_failed"]
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    detail: Annotated[str, StringConstraints(max_length=2000)] = ""
+
+
+class DrainIn(Body):
+    deadline_s: float = Field(600, ge=0, le=7 * 86400)
+    only_if_idle: bool = False
+    reason: Annotated[str, StringConstraints(max_length=64)] = "admin"
+
+
+class WorkerOut(Out):
+    id: str
+    hostname: str
+    instance_id: str
+    provider: str
+    pool: str
+    state: str
+    gpus: list[dict[str, Any]]
+    gpu_count: int
+    gpu_type: str | None
+    simulated_gpus: bool
+    cpus: int
+    memory_mb: int
+    gpu_metrics: list[dict[str, Any]]
+    registered_at: datetime
+    last_heartbeat: datetime
+    drain_deadline: datetime | None
+    gone_reason: str | None
+
+
+class InstanceOut(Out):
+    id: str
+    request_id: str
+    provider: str
+    pool: str
+    instance_type: str
+    capacity_type: str
+    zone: str | None
+    region: str | None
+    gpus: int
+    gpu_type: str | None
+    provider_instance_id: str | None
+    state: str
+    team: str | None
+    hourly_price: float
+    worker_id: str | None
+    last_error: str | None
+    created_at: datetime
+    launched_at: datetime | None
+    ready_at: datetime | None
+    terminated_at: datetime | None
+
+
+class DecisionOut(Out):
+    id: int
+    at: datetime
+    policy_revision: str
+    input_digest: str
+    eval_ms: float
+    cycle_ms: float
+    summary: dict[str, Any]
+    result: dict[str, Any]
+    plan: dict[str, Any]
+    reasons: list[Any]
+    error: str | None
+
+
+class PoolOut(BaseModel):
+    name: str
+    provider: str
+    region: str
+    zones: list[str]
+    capacity_types: list[str]
+    min_instances: int
+    max_instances: int
+    idle_timeout_s: float
+    boot_timeout_s: float
+    instances: int = 0
+
+
+class TokenIn(Body):
+    kind: Literal["team", "join", "admin"]
+    team: Name | None = None
+    pool: Name | None = None
+    ttl_s: float | None = Field(None, gt=0, le=366 * 86400)
+    name: Annotated[str, StringConstraints(max_length=128)] = ""
+
+
+class TokenOut(BaseModel):
+    id: str
+    kind: str
+    token: str
+    team: str | None
+    pool: str | None
+    expires_at: datetime | None
+
+
+class WhoAmI(BaseModel):
+    kind: str
+    team: str | None
+    pool: str | None
+    worker_id: str | None

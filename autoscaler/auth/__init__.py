@@ -1,0 +1,1 @@
+"""Bearer tokens: creation, hashing at rest, resolution to a principal, and roles."""

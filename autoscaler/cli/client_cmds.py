@@ -1,0 +1,217 @@
+"""CLI commands that talk to a running server: enqueue, tasks, logs, cancel, queues,
+workers, instances, tokens."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from autoscaler.cli import app
+from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, client, out, print_json, print_table
+from autoscaler.errors import InvalidInput
+
+task_app = typer.Typer(help="Inspect one task.", no_args_is_help=True)
+token_app = typer.Typer(help="Create tokens (admin).", no_args_is_help=True)
+app.add_typer(task_app, name="task")
+app.add_typer(token_app, name="token")
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--env {pair!r} must look like KEY=VALUE")
+        env[key] = value
+    return env
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def enqueue(
+    command: Annotated[list[str], typer.Argument(help="The program and its arguments, after `--`.")],
+    queue: Annotated[str, typer.Option("--queue", "-q", help="Queue name.")],
+    gpus: Annotated[int, typer.Option(help="GPUs needed.")] = 0,
+    gpu_type: Annotated[str | None, typer.Option(help="GPU model wanted, e.g. A100.")] = None,
+    cpus: Annotated[float, typer.Option(help="CPUs needed.")] = 0,
+    memory_mb: Annotated[int, typer.Option(help="Memory needed (MiB).")] = 0,
+    priority: Annotated[int, typer.Option(help="Higher runs first within the queue.")] = 0,
+    max_attempts: Annotated[int, typer.Option(help="Attempts before the task fails for good.")] = 3,
+    timeout: Annotated[float | None, typer.Option(help="Seconds before the task is stopped.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
+    workdir: Annotated[str | None, typer.Option(help="Absolute working directory on the worker.")] = None,
+    team: Annotated[str | None, typer.Option(help="Admins only: the team the task is for.")] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Enqueue a task: `autoscaler enqueue --queue gpu --gpus 1 -- python train.py`."""
+    body = {
+        "queue": queue, "command": command, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
+        "memory_mb": memory_mb, "priority": priority, "max_attempts": max_attempts, "timeout_s": timeout,
+        "env": _parse_env(env or []), "working_dir": workdir, "team": team,
+    }
+    task = client(server, token, home).post("/api/v1/tasks", body)
+    if json_out:
+        print_json(task)
+    else:
+        typer.echo(task["id"])
+
+
+@app.command()
+def tasks(
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    state: Annotated[list[str] | None, typer.Option(help="Only these states (repeatable).")] = None,
+    team: Annotated[str | None, typer.Option(help="Only this team (admins).")] = None,
+    limit: int = 100,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List tasks, newest first."""
+    rows = client(server, token, home).get("/api/v1/tasks", queue=queue, state=state, team=team, limit=limit)
+    if json_out:
+        print_json(rows)
+    else:
+        for r in rows:
+            r["command"] = " ".join(r["command"])[:60]
+        print_table(rows, ["id", "queue", "team", "state", "gpus", "attempts", "end_reason", "command"])
+
+
+@task_app.command("show")
+def task_show(
+    task_id: str,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a task and its history."""
+    task = client(server, token, home).get(f"/api/v1/tasks/{task_id}")
+    if json_out:
+        print_json(task)
+        return
+    out.print(f"[bold]{task['id']}[/bold]  {task['state']}  queue={task['queue']} team={task['team']}")
+    out.print(f"command: {' '.join(task['command'])}")
+    out.print(f"gpus: {task['gpus']}  attempts: {task['attempts']}/{task['max_attempts']}  "
+              f"exit: {task['exit_code']}  end: {task['end_reason']}")
+    print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
+
+
+@app.command()
+def logs(
+    task_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the task ends.")] = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Print a task's output."""
+    api = client(server, token, home)
+    after = 0
+    while True:
+        chunks = api.get(f"/api/v1/tasks/{task_id}/logs", after=after)
+        for c in chunks:
+            typer.echo(c["data"], nl=False, err=c["stream"] == "stderr")
+            after = c["id"]
+        if not follow:
+            return
+        if not chunks:
+            state = api.get(f"/api/v1/tasks/{task_id}")["state"]
+            if state in ("succeeded", "failed", "canceled"):
+                for c in api.get(f"/api/v1/tasks/{task_id}/logs", after=after):
+                    typer.echo(c["data"], nl=False, err=c["stream"] == "stderr")
+                return
+            time.sleep(1.0)
+
+
+@app.command()
+def cancel(task_id: str, server: ServerOpt = None, token: TokenOpt = None, home: HomeOpt = None) -> None:
+    """Cancel a task: removed if queued, stopped by its worker if running."""
+    task = client(server, token, home).post(f"/api/v1/tasks/{task_id}/cancel")
+    typer.echo(f"{task['id']}: {'cancel requested' if task['cancel_requested'] else task['state']}")
+
+
+@app.command()
+def queues(server: ServerOpt = None, token: TokenOpt = None, home: HomeOpt = None, json_out: JsonOpt = False) -> None:
+    """List queues with depth, running tasks and oldest wait."""
+    rows = client(server, token, home).get("/api/v1/queues")
+    if json_out:
+        print_json(rows)
+    else:
+        for r in rows:
+            r["pools"] = ",".join(r["pools"])
+            r["oldest_wait_s"] = None if r["oldest_wait_s"] is None else f"{r['oldest_wait_s']:.0f}"
+        print_table(rows, ["name", "priority", "pools", "depth", "running", "oldest_wait_s"])
+
+
+@app.command()
+def workers(
+    include_gone: bool = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List workers (admin)."""
+    rows = client(server, token, home).get("/api/v1/workers", include_gone=include_gone)
+    if json_out:
+        print_json(rows)
+    else:
+        print_table(rows, ["id", "hostname", "pool", "provider", "state", "gpu_count", "gpu_type", "last_heartbeat"])
+
+
+@app.command()
+def instances(
+    pool: str | None = None,
+    include_terminated: bool = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List instances this deployment launched."""
+    rows = client(server, token, home).get("/api/v1/instances", pool=pool, include_terminated=include_terminated)
+    if json_out:
+        print_json(rows)
+    else:
+        print_table(rows, ["id", "pool", "provider", "instance_type", "capacity_type", "zone", "state",
+                           "team", "hourly_price"])
+
+
+@token_app.command("create")
+def token_create(
+    team: Annotated[str | None, typer.Option(help="Create a team token for this team.")] = None,
+    join: Annotated[bool, typer.Option("--join", help="Create a one-time agent join token.")] = False,
+    pool: Annotated[str | None, typer.Option(help="Pool of the join token.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="Create another admin token.")] = False,
+    ttl: Annotated[str | None, typer.Option(help="Lifetime, e.g. 30m, 1h, 7d (join default 1h).")] = None,
+    name: str = "",
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create a token; its value is printed once."""
+    if sum([bool(team) and not join, join, admin]) != 1:
+        raise InvalidInput("say which token: --team T, --join --pool P, or --admin")
+    kind = "join" if join else ("admin" if admin else "team")
+    body = {"kind": kind, "team": team, "pool": pool, "ttl_s": parse_duration(ttl) if ttl else None, "name": name}
+    created = client(server, token, home).post("/api/v1/tokens", body)
+    if json_out:
+        print_json(created)
+    else:
+        typer.echo(created["token"])
+
+
+def parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except (ValueError, IndexError):
+        raise InvalidInput(f"duration {text!r} not understood; use e.g. 90s, 30m, 1h, 7d") from None

@@ -1,0 +1,76 @@
+"""CLI commands that run the control plane itself: server, up, db upgrade."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autoscaler.cli import app
+from autoscaler.config import AutoscalerConfig, Settings, load_config
+from autoscaler.server import build_runtime, database_url, serve
+from autoscaler.state.db import downgrade, make_engine, upgrade
+
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="autoscaler.yaml (env AUTOSCALER_CONFIG).")]
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
+
+
+def _load(config: Path | None, home: Path | None, host: str | None, port: int | None,
+          tls_upstream: bool) -> tuple[AutoscalerConfig, Path]:
+    settings = Settings()
+    cfg = load_config(config, settings)
+    server = cfg.server.model_copy(update={
+        k: v for k, v in {"host": host, "port": port}.items() if v is not None
+    })
+    if tls_upstream:
+        server = server.model_copy(update={"tls_terminated_upstream": True})
+    return cfg.model_copy(update={"server": server}), (home or settings.home)
+
+
+Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
+Port = Annotated[int | None, typer.Option("--port", help="Listen port (default 8080).")]
+Home = Annotated[Path | None, typer.Option("--home", help="Home dir: SQLite file, logs, admin token.")]
+TlsUpstream = Annotated[bool, typer.Option("--tls-terminated-upstream",
+                                           help="Allow a non-loopback address: TLS ends in a proxy in front.")]
+
+
+@app.command()
+def server(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
+           tls_terminated_upstream: TlsUpstream = False) -> None:
+    """Run the API server only (housekeeping included, no reconciler)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
+    serve(build_runtime(cfg, home_dir, full_loop=False))
+
+
+@app.command()
+def up(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
+       tls_terminated_upstream: TlsUpstream = False) -> None:
+    """Run the whole control plane on this machine (what `make run` starts)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config is None and Settings().config is None and EXAMPLE_CONFIG.exists():
+        config = EXAMPLE_CONFIG
+    cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
+    serve(build_runtime(cfg, home_dir, full_loop=True))
+
+
+@db_app.command("upgrade")
+def db_upgrade(config: ConfigOpt = None, home: Home = None, revision: str = "head") -> None:
+    """Apply schema migrations (safe to run repeatedly)."""
+    cfg, home_dir = _load(config, home, None, None, False)
+    home_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(make_engine(database_url(cfg, home_dir)), revision)
+    typer.echo(f"database at revision {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str, config: ConfigOpt = None, home: Home = None) -> None:
+    """Revert schema migrations to REVISION (e.g. base)."""
+    cfg, home_dir = _load(config, home, None, None, False)
+    downgrade(make_engine(database_url(cfg, home_dir)), revision)
+    typer.echo(f"database at revision {revision}")

@@ -1,0 +1,222 @@
+"""The deployment's configuration: one YAML file (`autoscaler.yaml`) validated by pydantic.
+
+It declares teams, queues and pools, the policy engine, the database and the listen
+address. Environment variables (`AUTOSCALER_*`, see `Settings`) override the file's
+top-level scalars so containers and Terraform can inject them without templating YAML.
+
+A bad file is refused by `load_config` with the file, the key path and what was
+expected, as a `ConfigError` whose message is meant for the user (no traceback).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from autoscaler.errors import ConfigError
+
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+CapacityType = Literal["spot", "on_demand"]
+ProviderKind = Literal["local", "fake", "aws", "gcp", "azure", "static", "slurm"]
+
+
+def default_home() -> Path:
+    """Where `autoscaler up` keeps its SQLite file, logs and admin token."""
+    return Path(os.environ.get("AUTOSCALER_HOME", Path.home() / ".autoscaler"))
+
+
+class _Strict(BaseModel):
+    # Unknown keys are almost always typos ("max_instance"); refusing them is kinder
+    # than silently ignoring a limit the user believes is in force.
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeamConfig(_Strict):
+    name: str = Field(pattern=NAME_RE, description="Team id used in tokens, tasks and policies.")
+    description: str = ""
+
+
+class QueueConfig(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    pools: list[str] = Field(min_length=1, description="Pools whose workers serve this queue, in preference order.")
+    priority: int = Field(0, description="Higher queues are leased first.")
+    teams: list[str] = Field(default_factory=list, description="Teams allowed to enqueue; empty = every team.")
+
+
+class SimulatedGpus(_Strict):
+    """A GPU inventory reported by agents on machines without GPUs (local runs, tests)."""
+
+    count: int = Field(ge=0, le=64)
+    model: str = "Simulated GPU"
+    memory_mb: int = Field(16384, ge=0)
+
+
+class InstanceTypeConfig(_Strict):
+    """An instance shape a pool may launch; prices fall back to this when the provider has none."""
+
+    name: str
+    gpus: int = Field(0, ge=0)
+    gpu_type: str | None = None
+    cpus: int = Field(1, ge=1)
+    memory_mb: int = Field(1024, ge=1)
+    on_demand_price: float | None = Field(None, ge=0, description="USD per hour.")
+    spot_price: float | None = Field(None, ge=0, description="USD per hour.")
+
+
+class PoolConfig(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    provider: ProviderKind
+    region: str = "local"
+    zones: list[str] = Field(default_factory=list)
+    instance_types: list[InstanceTypeConfig] = Field(default_factory=list)
+    capacity_types: list[CapacityType] = Field(
+        default_factory=lambda: ["spot", "on_demand"], description="Preference order."
+    )
+    min_instances: int = Field(0, ge=0)
+    max_instances: int = Field(10, ge=0)
+    idle_timeout_s: float = Field(300, gt=0, description="An idle worker is drained after this long.")
+    boot_timeout_s: float = Field(900, gt=0, description="An instance not registered by then is terminated.")
+    image: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    simulated_gpus: SimulatedGpus | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="Provider-specific settings.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> PoolConfig:
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"min_instances ({self.min_instances}) exceeds max_instances ({self.max_instances})")
+        return self
+
+
+class PolicyConfig(_Strict):
+    engine: Literal["embedded", "opa"] = "embedded"
+    dir: str | None = Field(None, description="Policy directory; default: the policies shipped with the package.")
+    opa_url: str | None = None
+    package: str = "autoscaler"
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class ReconcileConfig(_Strict):
+    interval_s: float = Field(15.0, gt=0)
+    debounce_s: float = Field(1.0, ge=0)
+    heartbeat_timeout_s: float = Field(60.0, gt=0)
+    orphan_grace_s: float = Field(120.0, ge=0)
+    unavailable_ttl_s: float = Field(180.0, gt=0)
+    enabled: bool = True
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    public_url: str | None = Field(None, description="URL agents use to reach the API; default http://host:port.")
+    tls_terminated_upstream: bool = Field(False, description="Allow a non-loopback listen address without TLS.")
+
+
+class AutoscalerConfig(_Strict):
+    deployment: str = Field("autoscaler", pattern=NAME_RE, description="Owner tag on every instance.")
+    database_url: str | None = None
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    teams: list[TeamConfig] = Field(default_factory=list)
+    queues: list[QueueConfig] = Field(default_factory=list)
+    pools: list[PoolConfig] = Field(default_factory=list)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+
+    @field_validator("teams", "queues", "pools")
+    @classmethod
+    def _unique_names(cls, items: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for item in items:
+            if item.name in seen:
+                raise ValueError(f"duplicate name {item.name!r}")
+            seen.add(item.name)
+        return items
+
+    @model_validator(mode="after")
+    def _references(self) -> AutoscalerConfig:
+        pools = {p.name for p in self.pools}
+        teams = {t.name for t in self.teams}
+        for q in self.queues:
+            for p in q.pools:
+                if p not in pools:
+                    raise ValueError(f"queue {q.name!r} names unknown pool {p!r} (known: {sorted(pools)})")
+            for t in q.teams:
+                if t not in teams:
+                    raise ValueError(f"queue {q.name!r} names unknown team {t!r} (known: {sorted(teams)})")
+        return self
+
+    def pool(self, name: str) -> PoolConfig | None:
+        return next((p for p in self.pools if p.name == name), None)
+
+    def queue(self, name: str) -> QueueConfig | None:
+        return next((q for q in self.queues if q.name == name), None)
+
+
+class Settings(BaseSettings):
+    """Environment overrides, read as `AUTOSCALER_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="AUTOSCALER_", extra="ignore")
+
+    config: Path | None = None
+    home: Path = Field(default_factory=default_home)
+    database_url: str | None = None
+    host: str | None = None
+    port: int | None = None
+    public_url: str | None = None
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  at {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+
+def parse_config(text: str, source: Path) -> AutoscalerConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}{where}: not valid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return AutoscalerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(source, exc)) from None
+
+
+def load_config(path: Path | None = None, settings: Settings | None = None) -> AutoscalerConfig:
+    """Read and validate the config file, then apply environment overrides."""
+    settings = settings or Settings()
+    path = path or settings.config
+    if path is None:
+        cfg = AutoscalerConfig()
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read configuration: {exc.strerror}") from None
+        cfg = parse_config(text, Path(path))
+    overrides: dict[str, Any] = {}
+    if settings.database_url:
+        overrides["database_url"] = settings.database_url
+    server = cfg.server.model_copy(
+        update={
+            k: v
+            for k, v in {"host": settings.host, "port": settings.port, "public_url": settings.public_url}.items()
+            if v is not None
+        }
+    )
+    return cfg.model_copy(update={**overrides, "server": server})

@@ -1,0 +1,1 @@
+"""Elastic queue semantics: enqueue, atomic lease, complete, cancel, requeue."""

@@ -1,0 +1,332 @@
+"""Task operations: enqueue, lease, start, finish, cancel and requeue.
+
+Leasing is atomic. On PostgreSQL, candidate rows are locked with
+`FOR UPDATE SKIP LOCKED`, so concurrent leasers never see the same task; on SQLite
+every transaction is `BEGIN IMMEDIATE` (see `state.db`), so leasers take turns.
+Lease order: queue priority, task priority, fair share between teams (the team
+holding the fewest GPUs per unit of weight first), then age.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autoscaler.errors import Forbidden, InvalidInput, NotFound
+from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
+from autoscaler.state.models import QueueRow, Task, TaskEvent, TaskLog, Worker
+
+LEASE_TTL = timedelta(seconds=90)
+LEASE_CANDIDATES = 16
+MAX_COMMAND_ARGS = 4096
+MAX_LOG_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    queue: str
+    command: list[str]
+    gpus: int = 0
+    gpu_type: str | None = None
+    cpus: float = 0
+    memory_mb: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+    priority: int = 0
+    max_attempts: int = 3
+    timeout_s: float | None = None
+
+
+def validate_working_dir(path: str | None) -> str | None:
+    """Refuse path tricks: a working dir must be absolute and free of `..` segments."""
+    if path is None or path == "":
+        return None
+    if "\x00" in path or not path.startswith("/") or ".." in path.split("/"):
+        raise InvalidInput(f"working_dir {path!r} must be an absolute path without '..' segments")
+    return os.path.normpath(path)
+
+
+def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Task:
+    queue = session.get(QueueRow, spec.queue)
+    if queue is None:
+        raise NotFound(f"queue {spec.queue!r} does not exist: list queues with `autoscaler queues`")
+    if queue.teams and team not in queue.teams:
+        raise Forbidden(f"team {team!r} may not enqueue to queue {spec.queue!r} (allowed: {', '.join(queue.teams)})")
+    if not spec.command:
+        raise InvalidInput("command is empty: give the program and its arguments after `--`")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise InvalidInput(f"command has {len(spec.command)} arguments; at most {MAX_COMMAND_ARGS} are accepted")
+    task = Task(
+        queue=spec.queue,
+        team=team,
+        command=list(spec.command),
+        env=dict(spec.env),
+        working_dir=validate_working_dir(spec.working_dir),
+        gpus=spec.gpus,
+        gpu_type=spec.gpu_type,
+        cpus=spec.cpus,
+        memory_mb=spec.memory_mb,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        timeout_s=spec.timeout_s,
+        state=TaskState.QUEUED.value,
+        sort_key=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(task)
+    session.flush()
+    session.add(TaskEvent(task_id=task.id, at=now, from_state=None, to_state="queued", reason="enqueued"))
+    return task
+
+
+def gpu_type_matches(wanted: str | None, offered: str | None) -> bool:
+    """`A100` matches `NVIDIA A100-SXM4-80GB`; no wish matches anything."""
+    if not wanted:
+        return True
+    if not offered:
+        return False
+    norm = lambda s: s.lower().replace("nvidia", "").replace("-", " ").strip()  # noqa: E731
+    return norm(wanted) in norm(offered)
+
+
+def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task]]:
+    active = list(
+        session.scalars(
+            select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE]))
+        )
+    )
+    used = {int(i) for t in active for i in (t.gpu_indices or [])}
+    return used, active
+
+
+def team_gpu_usage(session: Session) -> dict[str, int]:
+    rows = session.execute(
+        select(Task.team, func.sum(Task.gpus)).where(Task.state.in_([s.value for s in ACTIVE])).group_by(Task.team)
+    )
+    return {team: int(n or 0) for team, n in rows}
+
+
+def lease(
+    session: Session,
+    worker_id: str,
+    *,
+    now: datetime,
+    team_weights: Mapping[str, float] | None = None,
+) -> Task | None:
+    """Give the worker the best queued task that fits its free GPUs, or None."""
+    # Touch the worker first: on PostgreSQL this row lock serialises two leases by the
+    # same worker (so GPU indices are never handed out twice); a draining or gone
+    # worker matches nothing and gets nothing.
+    worker = session.scalar(
+        select(Worker).where(Worker.id == worker_id).with_for_update()
+    )
+    if worker is None:
+        raise NotFound(f"worker {worker_id} is not registered")
+    worker.last_heartbeat = now
+    if worker.state not in ("idle", "busy"):
+        return None
+    used, _active = _busy_indices(session, worker_id)
+    free = [i for i in range(worker.gpu_count) if i not in used]
+    queues = {
+        q.name: q.priority for q in session.scalars(select(QueueRow)) if worker.pool in (q.pools or [])
+    }
+    if not queues:
+        return None
+    stmt = (
+        select(Task)
+        .join(QueueRow, QueueRow.name == Task.queue)
+        .where(Task.state == TaskState.QUEUED.value, Task.queue.in_(list(queues)), Task.gpus <= len(free))
+        .order_by(QueueRow.priority.desc(), Task.priority.desc(), Task.sort_key, Task.id)
+        .limit(LEASE_CANDIDATES)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True, of=Task)
+    candidates = [t for t in session.scalars(stmt) if gpu_type_matches(t.gpu_type, worker.gpu_type)]
+    if not candidates:
+        return None
+    weights = team_weights or {}
+    usage = team_gpu_usage(session) if len({t.team for t in candidates}) > 1 else {}
+
+    def order(t: Task) -> tuple[Any, ...]:
+        share = usage.get(t.team, 0) / max(weights.get(t.team, 1.0), 1e-9)
+        return (-queues[t.queue], -t.priority, share, t.sort_key, t.id)
+
+    task = min(candidates, key=order)
+    task.attempts += 1
+    task.worker_id = worker.id
+    task.gpu_indices = free[: task.gpus]
+    task.lease_deadline = now + LEASE_TTL
+    task.exit_code = None
+    task.end_reason = None
+    transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"worker {worker.hostname}")
+    worker.state = "busy"
+    worker.idle_since = None
+    return task
+
+
+def _worker_task(session: Session, worker_id: str, task_id: str) -> Task:
+    task = session.get(Task, task_id, with_for_update=True)
+    if task is None or task.worker_id != worker_id:
+        raise NotFound(f"task {task_id} is not leased by worker {worker_id}")
+    return task
+
+
+def mark_started(session: Session, worker_id: str, task_id: str, *, now: datetime) -> Task:
+    task = _worker_task(session, worker_id, task_id)
+    if task.state == TaskState.LEASED.value:
+        task.started_at = now
+        transition(session, task, TaskState.RUNNING, reason="started", now=now)
+    return task
+
+
+def requeue_or_fail(session: Session, task: Task, *, now: datetime, reason: str) -> None:
+    """After an interrupted or lost attempt: back to the queue, unless attempts are spent."""
+    task.worker_id = None
+    task.gpu_indices = []
+    task.lease_deadline = None
+    if task.cancel_requested:
+        # Canceled while in flight: the user's wish wins over a retry.
+        transition(session, task, TaskState.CANCELED, reason="canceled", now=now)
+        task.finished_at = now
+        return
+    if task.attempts >= task.max_attempts:
+        transition(session, task, TaskState.FAILED, reason="max_attempts", now=now,
+                   detail=f"{task.attempts} attempts; last ended: {reason}")
+        task.finished_at = now
+        return
+    # sort_key is kept: an interrupted task goes back to the head of its queue.
+    transition(session, task, TaskState.QUEUED, reason=f"requeued after {reason}", now=now)
+
+
+END_REASONS = ("exit", "canceled", "interrupted", "timeout", "start_failed")
+
+
+def finish(
+    session: Session,
+    worker_id: str,
+    task_id: str,
+    *,
+    now: datetime,
+    reason: str,
+    exit_code: int | None = None,
+    detail: str = "",
+) -> Task:
+    """The agent reports how an attempt ended.
+
+    reason: exit (with exit_code), canceled, interrupted (spot / drain; detail says
+    which), timeout, start_failed.
+    """
+    if reason not in END_REASONS:
+        raise InvalidInput(f"unknown end reason {reason!r}; expected one of {', '.join(END_REASONS)}")
+    task = _worker_task(session, worker_id, task_id)
+    if task.state not in {s.value for s in ACTIVE}:
+        return task  # a retried report: the first one won
+    task.exit_code = exit_code
+    if reason == "exit" and exit_code == 0:
+        task.end_reason = "exit_code"
+        transition(session, task, TaskState.SUCCEEDED, reason="exit 0", now=now)
+    elif reason == "canceled" or (task.cancel_requested and reason != "interrupted"):
+        task.end_reason = "canceled"
+        transition(session, task, TaskState.CANCELED, reason="canceled", now=now, detail=detail)
+    elif reason == "interrupted":
+        task.end_reason = f"interrupted:{detail or 'unknown'}"
+        transition(session, task, TaskState.INTERRUPTED, reason=task.end_reason, now=now, detail=detail)
+        requeue_or_fail(session, task, now=now, reason=task.end_reason)
+        _release_worker(session, worker_id, now)
+        return task
+    else:
+        task.end_reason = "exit_code" if reason == "exit" else reason
+        why = f"exit {exit_code}" if reason == "exit" else reason
+        transition(session, task, TaskState.FAILED, reason=why, now=now, detail=detail)
+    task.finished_at = now
+    task.lease_deadline = None
+    _release_worker(session, worker_id, now)
+    return task
+
+
+def _release_worker(session: Session, worker_id: str, now: datetime) -> None:
+    worker = session.get(Worker, worker_id)
+    if worker is None or worker.state != "busy":
+        return
+    _used, active = _busy_indices(session, worker_id)
+    if not [t for t in active if t.worker_id == worker_id and t.state in {s.value for s in ACTIVE}]:
+        worker.state = "idle"
+        worker.idle_since = now
+
+
+def cancel(session: Session, task: Task, *, now: datetime) -> Task:
+    """Queued: removed at once. Leased or running: the worker is told to stop it."""
+    if task.state in {s.value for s in FINAL}:
+        return task
+    if task.state == TaskState.QUEUED.value:
+        task.end_reason = "canceled"
+        task.finished_at = now
+        transition(session, task, TaskState.CANCELED, reason="canceled by user", now=now)
+    else:
+        task.cancel_requested = True
+        task.updated_at = now
+    return task
+
+
+def interrupt_worker_tasks(session: Session, worker_id: str, *, now: datetime, reason: str, lost: bool) -> list[Task]:
+    """Every active task of a vanished or deregistered worker: lost/interrupted, then requeued."""
+    tasks = list(
+        session.scalars(
+            select(Task)
+            .where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE]))
+            .with_for_update()
+        )
+    )
+    for task in tasks:
+        to = TaskState.LOST if lost else TaskState.INTERRUPTED
+        task.end_reason = f"{to.value}:{reason}"
+        transition(session, task, to, reason=task.end_reason, now=now)
+        requeue_or_fail(session, task, now=now, reason=task.end_reason)
+    return tasks
+
+
+def append_logs(session: Session, worker_id: str, task_id: str, chunks: Sequence[tuple[str, str]], *, now: datetime) -> int:
+    task = session.get(Task, task_id)
+    if task is None or task.worker_id != worker_id:
+        raise NotFound(f"task {task_id} is not leased by worker {worker_id}")
+    total = 0
+    for stream, data in chunks:
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"log stream must be stdout or stderr, not {stream!r}")
+        total += len(data)
+        if total > MAX_LOG_CHUNK:
+            raise InvalidInput(f"log upload exceeds {MAX_LOG_CHUNK} bytes; send smaller chunks")
+        session.add(TaskLog(task_id=task_id, attempt=task.attempts, stream=stream, data=data, at=now))
+    return len(chunks)
+
+
+def read_logs(session: Session, task_id: str, *, after: int = 0, limit: int = 1000) -> list[TaskLog]:
+    return list(
+        session.scalars(
+            select(TaskLog).where(TaskLog.task_id == task_id, TaskLog.id > after).order_by(TaskLog.id).limit(limit)
+        )
+    )
+
+
+def expire_leases(session: Session, *, now: datetime) -> list[Task]:
+    """Leased tasks whose agent never confirmed the start before the deadline are lost."""
+    tasks = list(
+        session.scalars(
+            select(Task).where(Task.state == TaskState.LEASED.value, Task.lease_deadline < now).with_for_update()
+        )
+    )
+    for task in tasks:
+        worker_id = task.worker_id
+        task.end_reason = "lost:lease_expired"
+        transition(session, task, TaskState.LOST, reason="lease expired", now=now)
+        requeue_or_fail(session, task, now=now, reason="lease expired")
+        if worker_id:
+            _release_worker(session, worker_id, now)
+    return tasks

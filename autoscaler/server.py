@@ -1,0 +1,141 @@
+"""Assembles a running control plane: config, database, admin token, API and the
+background jobs, then serves it with uvicorn.
+
+`autoscaler server` runs the API (plus housekeeping); `autoscaler up` is what
+`make run` starts: the API and, as later components register themselves in
+`COMPONENTS`, the policy service, the reconciler and the local provider.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import select
+
+from autoscaler.api.app import create_app
+from autoscaler.api.context import AppContext
+from autoscaler.auth.tokens import create_token, hash_token
+from autoscaler.clock import SystemClock
+from autoscaler.config import AutoscalerConfig
+from autoscaler.errors import ConfigError
+from autoscaler.queueing.queues import sync_from_config
+from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
+from autoscaler.state.models import ApiToken
+
+log = logging.getLogger(__name__)
+ADMIN_TOKEN_FILE = "admin.token"
+SERVER_URL_FILE = "server.url"
+HOUSEKEEPING_INTERVAL_S = 5.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen_address(config: AutoscalerConfig) -> None:
+    """Refuse to expose plain HTTP beyond this machine unless TLS terminates in front."""
+    host = config.server.host
+    if not is_loopback(host) and not config.server.tls_terminated_upstream:
+        raise ConfigError(
+            f"refusing to listen on {host} without TLS: put a TLS proxy in front and set "
+            "server.tls_terminated_upstream: true (or --tls-terminated-upstream), or listen on 127.0.0.1"
+        )
+
+
+def database_url(config: AutoscalerConfig, home: Path) -> str:
+    return config.database_url or sqlite_url(home)
+
+
+def ensure_admin_token(ctx: AppContext, home: Path) -> Path:
+    """Create the admin token on first start and keep it in HOME/admin.token (mode 0600)."""
+    path = home / ADMIN_TOKEN_FILE
+    with transaction(ctx.sessions) as s:
+        if path.exists():
+            digest = hash_token(path.read_text().strip())
+            if s.scalar(select(ApiToken).where(ApiToken.token_hash == digest, ApiToken.kind == "admin")):
+                return path
+        plaintext, _ = create_token(s, kind="admin", now=ctx.clock.now(), name="bootstrap admin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(plaintext + "\n")
+    return path
+
+
+# Components started by `up`, registered by the modules that provide them (policy,
+# reconciler, ...). Each receives the runtime and may add routers, extras and jobs.
+Component = Callable[["Runtime"], None]
+COMPONENTS: list[Component] = []
+
+
+@dataclass
+class Runtime:
+    config: AutoscalerConfig
+    home: Path
+    ctx: AppContext
+    scheduler: BackgroundScheduler
+    full_loop: bool
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> Runtime:
+    home.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(database_url(config, home))
+    upgrade(engine)
+    ctx = AppContext(config=config, sessions=session_factory(engine), clock=SystemClock())
+    with transaction(ctx.sessions) as s:
+        sync_from_config(s, config, now=ctx.clock.now())
+    scheduler = BackgroundScheduler(daemon=True)
+    runtime = Runtime(config=config, home=home, ctx=ctx, scheduler=scheduler, full_loop=full_loop)
+    runtime.info["admin_token_file"] = ensure_admin_token(ctx, home)
+
+    def housekeeping() -> None:
+        try:
+            with transaction(ctx.sessions) as s:
+                gone = expire_silent_workers(
+                    s, now=ctx.clock.now(), timeout_s=config.reconcile.heartbeat_timeout_s
+                )
+            if gone:
+                log.warning("workers gone after missed heartbeats: %s", [w.id for w in gone])
+                ctx.wake("workers lost")
+        except Exception:
+            log.exception("housekeeping failed; will retry")
+
+    scheduler.add_job(housekeeping, "interval", seconds=HOUSEKEEPING_INTERVAL_S, id="housekeeping",
+                      max_instances=1, coalesce=True)
+    if full_loop:
+        for component in COMPONENTS:
+            component(runtime)
+    return runtime
+
+
+def serve(runtime: Runtime, *, announce: Callable[[str], None] = print) -> None:
+    import uvicorn
+
+    config = runtime.config
+    check_listen_address(config)
+    app = create_app(runtime.ctx)
+    url = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
+    announce(f"autoscaler control plane at {url}")
+    announce(f"admin token: {runtime.info['admin_token_file']}")
+    (runtime.home / SERVER_URL_FILE).write_text(url + "\n")
+    runtime.scheduler.start()
+    try:
+        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")
+    finally:
+        runtime.scheduler.shutdown(wait=False)
+        for stop in runtime.on_stop:
+            stop()

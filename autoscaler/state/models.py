@@ -1,0 +1,270 @@
+"""SQLAlchemy 2.0 typed models: every table the control plane keeps.
+
+Times are stored as timezone-aware UTC on both SQLite and PostgreSQL (`UTCDateTime`).
+Every state change of a task or an instance appends a history row (`TaskEvent`,
+`InstanceEvent`) with the reason, so "why did this happen" is always answerable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, whatever the backend keeps."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ApiToken(Base):
+    """A bearer token, stored as its SHA-256 only. Kinds: admin, team, join, worker."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    kind: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16), default="")
+    name: Mapped[str] = mapped_column(String(128), default="")
+    team: Mapped[str | None] = mapped_column(String(64))
+    pool: Mapped[str | None] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    # A join token is bound to the first instance that registers with it; a different
+    # instance presenting it again is refused (a retry from the same instance is not).
+    bound_instance: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class QueueRow(Base):
+    __tablename__ = "queues"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pools: Mapped[list[Any]] = mapped_column(default=list)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    teams: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime]
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    queue: Mapped[str] = mapped_column(String(64), ForeignKey("queues.name"))
+    team: Mapped[str] = mapped_column(String(64))
+    command: Mapped[list[Any]]
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    working_dir: Mapped[str | None] = mapped_column(String(1024))
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    cpus: Mapped[float] = mapped_column(Float, default=0)
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    timeout_s: Mapped[float | None] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
+    lease_deadline: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str | None] = mapped_column(String(32))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Lease order within equal priorities; a requeued interrupted task keeps its
+    # original sort key so it goes back to the head of its queue.
+    sort_key: Mapped[datetime]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_tasks_lease", "state", "queue", "priority", "sort_key"),
+        Index("ix_tasks_team_state", "team", "state"),
+        Index("ix_tasks_worker", "worker_id"),
+    )
+
+
+class TaskEvent(Base):
+    __tablename__ = "task_events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class TaskLog(Base):
+    __tablename__ = "task_logs"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), ForeignKey("tasks.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[str] = mapped_column(String(8))
+    data: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime]
+
+    __table_args__ = (Index("ix_task_logs_task", "task_id", "id"),)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    hostname: Mapped[str] = mapped_column(String(255))
+    instance_id: Mapped[str] = mapped_column(String(128), index=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    gpus: Mapped[list[Any]] = mapped_column(default=list)
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    simulated_gpus: Mapped[bool] = mapped_column(Boolean, default=False)
+    cpus: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_metrics: Mapped[list[Any]] = mapped_column(default=list)
+    registered_at: Mapped[datetime]
+    last_heartbeat: Mapped[datetime]
+    idle_since: Mapped[datetime | None]
+    drain_deadline: Mapped[datetime | None]
+    drain_reason: Mapped[str | None] = mapped_column(String(64))
+    gone_at: Mapped[datetime | None]
+    gone_reason: Mapped[str | None] = mapped_column(String(64))
+    agent_version: Mapped[str] = mapped_column(String(32), default="")
+
+
+class Instance(Base):
+    """One VM (or local process, or Slurm job) this deployment asked for."""
+
+    __tablename__ = "instances"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    # The provider's idempotency key, committed before the provider is called.
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    instance_type: Mapped[str] = mapped_column(String(64))
+    capacity_type: Mapped[str] = mapped_column(String(16))
+    zone: Mapped[str | None] = mapped_column(String(64))
+    region: Mapped[str | None] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    provider_instance_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="requested", index=True)
+    team: Mapped[str | None] = mapped_column(String(64))
+    hourly_price: Mapped[float] = mapped_column(Float, default=0.0)
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    launched_at: Mapped[datetime | None]
+    ready_at: Mapped[datetime | None]
+    terminated_at: Mapped[datetime | None]
+
+
+class InstanceEvent(Base):
+    __tablename__ = "instance_events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(String(32), ForeignKey("instances.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(255))
+
+
+class DecisionRecord(Base):
+    """One reconcile cycle: what was seen, what the policy said, what was planned and done."""
+
+    __tablename__ = "decisions"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    policy_revision: Mapped[str] = mapped_column(String(64), default="")
+    input_digest: Mapped[str] = mapped_column(String(64), default="")
+    eval_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    cycle_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    result: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    plan: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    reasons: Mapped[list[Any]] = mapped_column(default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class SpendRecord(Base):
+    """A priced segment of one instance's life, charged to the team that caused the launch."""
+
+    __tablename__ = "spend_records"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(String(32), index=True)
+    team: Mapped[str] = mapped_column(String(64), index=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    provider: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    capacity_type: Mapped[str] = mapped_column(String(16))
+    start: Mapped[datetime] = mapped_column(index=True)
+    end: Mapped[datetime]
+    hourly_price: Mapped[float] = mapped_column(Float)
+    cost_usd: Mapped[float] = mapped_column(Float)
+
+
+class OfferingBlock(Base):
+    """An offering (or a wider scope) marked unavailable after a capacity or quota error."""
+
+    __tablename__ = "offering_blocks"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    until: Mapped[datetime]
+
+
+class HistoryPoint(Base):
+    """Sampled time series for charts: queue depth, fleet size, spend."""
+
+    __tablename__ = "history"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    metric: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(128), default="")
+    value: Mapped[float] = mapped_column(Float)
