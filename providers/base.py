@@ -1,0 +1,197 @@
+"""The provider contract: the handful of calls the reconciler makes on any backend.
+
+Contract (every implementation must honour it; the fake provider's tests check it):
+
+- **Idempotent by request id.** `launch(request)` with a `request_id` already seen
+  returns the instances of the first call and starts nothing new. Cloud drivers pass
+  the id as the cloud's idempotency key (AWS ClientToken, GCP requestId, Azure
+  deterministic VM name) *and* tag every instance with it, so a crash between the
+  call and the record can be repaired by `list`.
+- **Eventually consistent listings.** `list(owner)` may lag a launch or terminate by
+  seconds; the reconciler never treats a missing instance as gone on one listing
+  alone (it waits for a grace period).
+- **Terminate is idempotent.** Terminating an instance that is already gone succeeds.
+- **Typed errors with a scope.** Errors say what they block so the reconciler can
+  fall back: a `CapacityError` scoped to an offering tries another instance type or
+  zone; scoped to a region tries another region; scoped to the provider tries
+  another provider. Nothing else may escape `launch`/`list`/`terminate` except
+  `ProviderError` subclasses.
+- **Lazy SDK imports.** A driver imports its SDK when constructed, raising
+  `MissingExtra` (one line naming the extra to install) when it is absent, so the
+  control plane starts without every cloud SDK installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, Protocol, runtime_checkable
+
+CapacityType = Literal["spot", "on_demand"]
+
+# Tag (label) keys every instance carries; GCP labels allow only [a-z0-9_-].
+TAG_OWNER = "autoscaler-owner"
+TAG_POOL = "autoscaler-pool"
+TAG_REQUEST = "autoscaler-request-id"
+TAG_TEAM = "autoscaler-team"
+
+
+@dataclass(frozen=True)
+class Offering:
+    """One launchable shape: an instance type in a zone with a capacity type and price."""
+
+    instance_type: str
+    capacity_type: CapacityType
+    zone: str | None
+    gpus: int
+    gpu_type: str | None
+    cpus: int
+    memory_mb: int
+    hourly_price: float
+    region: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The unit a capacity error marks unavailable (Karpenter's choice)."""
+        return f"{self.capacity_type}/{self.instance_type}/{self.zone or '-'}"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    request_id: str
+    pool: str
+    owner: str
+    offering: Offering
+    count: int = 1
+    image: str | None = None
+    user_data: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    # Zones (or subnets) the driver may spread over; empty = the offering's zone.
+    zones: Sequence[str] = ()
+    max_spot_price: float | None = None
+
+    def all_tags(self) -> dict[str, str]:
+        return {
+            **self.tags,
+            TAG_OWNER: self.owner,
+            TAG_POOL: self.pool,
+            TAG_REQUEST: self.request_id,
+        }
+
+
+class InstanceStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+    PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class ProviderInstance:
+    """What the provider reports about one instance."""
+
+    instance_id: str
+    request_id: str | None
+    pool: str | None
+    instance_type: str
+    capacity_type: CapacityType
+    zone: str | None
+    status: InstanceStatus
+    launched_at: datetime | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    private_ip: str | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    spot: bool = False
+    fleets: bool = False
+    interruption_events: bool = False
+    # Static pools: the reconciler never launches or terminates, only drains.
+    static: bool = False
+
+
+class Scope(StrEnum):
+    OFFERING = "offering"
+    ZONE = "zone"
+    REGION = "region"
+    PROVIDER = "provider"
+
+
+class ProviderError(Exception):
+    """Base of every error a provider may raise; `retryable` says whether to try again."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, scope: Scope = Scope.OFFERING, code: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.scope = scope
+        self.code = code
+
+
+class CapacityError(ProviderError):
+    """No capacity for this offering/zone/region now: mark it unavailable and fall back."""
+
+
+class QuotaError(ProviderError):
+    """An account limit: mark the scope unavailable; an operator must raise the quota."""
+
+
+class RateLimited(ProviderError):
+    """Throttled: back off at least `retry_after_s`; nothing is marked unavailable."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0, code: str = "") -> None:
+        super().__init__(message, scope=Scope.PROVIDER, code=code)
+        self.retry_after_s = retry_after_s
+
+
+class NotFound(ProviderError):
+    """The instance does not exist: for terminate, that is success."""
+
+
+class AuthError(ProviderError):
+    """Credentials missing or not allowed: stop using this provider until fixed."""
+
+    def __init__(self, message: str, *, code: str = "") -> None:
+        super().__init__(message, scope=Scope.PROVIDER, code=code)
+
+
+class InvalidRequest(ProviderError):
+    """The request itself is wrong (bad image, bad type): a config error, not capacity."""
+
+
+class TransientError(ProviderError):
+    """A timeout or 5xx from the provider: retry later with backoff."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, code: str = "") -> None:
+        super().__init__(message, scope=Scope.PROVIDER, code=code)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    def offerings(self) -> list[Offering]:
+        """Every shape this pool may launch, with prices (USD/hour)."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        """Start `request.count` instances; idempotent by `request.request_id`."""
+        ...
+
+    def list(self, owner: str) -> list[ProviderInstance]:
+        """Instances carrying this owner tag that are not terminated."""
+        ...
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Stop and delete; already gone = success."""
+        ...
