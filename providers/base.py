@@ -106,6 +106,21 @@ class ProviderInstance:
 
 
 @dataclass(frozen=True)
+class InterruptionEvent:
+    """A provider's advance notice that an instance will be taken away (spot reclaim, rebalance).
+
+    A second signal beside the agent's own metadata watcher: the reconciler drains the
+    worker on either, whichever comes first.
+    """
+
+    instance_id: str
+    kind: Literal["interruption", "rebalance"]
+    at: datetime
+    # When the provider will take the instance (about two minutes after an AWS notice).
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Capabilities:
     spot: bool = False
     fleets: bool = False
@@ -194,4 +209,13 @@ class Provider(Protocol):
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """Stop and delete; already gone = success."""
+        ...
+
+
+@runtime_checkable
+class InterruptionSource(Protocol):
+    """Implemented by providers whose `capabilities.interruption_events` is true."""
+
+    def interruptions(self) -> list[InterruptionEvent]:
+        """Notices received since the last call (each returned once)."""
         ...
