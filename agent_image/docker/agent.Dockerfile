@@ -1,0 +1,32 @@
+# Agent image for container-based deployments (Kubernetes, ECS, a Docker host with GPUs).
+# Build from the repository root:
+#   docker build -f agent_image/docker/agent.Dockerfile -t gpu-autoscaler-agent:0.1.0 .
+# Run with the GPUs and a bootstrap file mounted read-only:
+#   docker run --gpus all -v /etc/autoscaler/agent.json:/etc/autoscaler/agent.json:ro gpu-autoscaler-agent:0.1.0
+# The agent needs only httpx, pydantic and nvidia-ml-py; NVML comes from the host driver
+# through the NVIDIA container runtime, so the image carries no driver.
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY autoscaler ./autoscaler
+COPY providers ./providers
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+COPY --from=build /wheels /wheels
+RUN python -m venv /opt/autoscaler-agent \
+ && /opt/autoscaler-agent/bin/pip install --no-cache-dir "$(ls /wheels/gpu_autoscaler-*.whl)[gpu]" \
+ && rm -rf /wheels \
+ && useradd --system --uid 10001 --home-dir /var/lib/autoscaler-agent --create-home autoscaler
+ENV PATH=/opt/autoscaler-agent/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER autoscaler
+WORKDIR /var/lib/autoscaler-agent
+# The agent has no listening port; its heartbeat to the control plane is its health.
+HEALTHCHECK NONE
+ENTRYPOINT ["autoscaler", "agent"]
+CMD ["--bootstrap", "/etc/autoscaler/agent.json"]
