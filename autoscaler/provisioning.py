@@ -1,0 +1,75 @@
+"""Turns a pool's configuration into a `Provider`: the one place that knows every backend.
+
+A simple dispatch on `pool.provider`; each branch imports its package lazily so the
+control plane starts without every cloud SDK. `providers.*` never import `autoscaler.*`,
+so everything a driver needs from the configuration (the catalog of offerings, the
+deployment's owner tag, the home directory) is handed to it here as plain values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autoscaler.config import PoolConfig
+from autoscaler.errors import ConfigError
+from providers.base import CapacityType, Offering, Provider
+
+
+def catalog_offerings(pool: PoolConfig) -> list[Offering]:
+    """Every (instance type x capacity type x zone) the pool declares, priced from the config.
+
+    A spot price missing from the config falls back to the on-demand price: an upper
+    bound (spot never costs more than on-demand), so budgets stay conservative until a
+    driver reports the real price.
+    """
+    zones: list[str | None] = [*pool.zones] or [None]
+    out: list[Offering] = []
+    for capacity in pool.capacity_types:
+        for itype in pool.instance_types:
+            price = _price(itype.on_demand_price, itype.spot_price, capacity)
+            for zone in zones:
+                out.append(
+                    Offering(
+                        instance_type=itype.name,
+                        capacity_type=capacity,
+                        zone=zone,
+                        gpus=itype.gpus,
+                        gpu_type=itype.gpu_type,
+                        cpus=itype.cpus,
+                        memory_mb=itype.memory_mb,
+                        hourly_price=price,
+                        region=pool.region,
+                    )
+                )
+    return out
+
+
+def _price(on_demand: float | None, spot: float | None, capacity: CapacityType) -> float:
+    if capacity == "spot" and spot is not None:
+        return spot
+    return on_demand if on_demand is not None else 0.0
+
+
+def build_provider(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) -> Provider:
+    """The provider for one pool. `kw` passes test seams (e.g. `clock`, `endpoint_url`)."""
+    kind = pool.provider
+    if kind == "fake":
+        from providers.fake import FakeProvider
+
+        return FakeProvider(catalog_offerings(pool), name=f"fake:{pool.name}", **kw)
+    if kind == "local":
+        from providers.local import LocalProvider
+
+        return LocalProvider(
+            catalog_offerings(pool),
+            pool=pool.name,
+            home=home,
+            simulated_gpus=pool.simulated_gpus.model_dump() if pool.simulated_gpus else None,
+            labels=dict(pool.labels),
+            **kw,
+        )
+    raise ConfigError(
+        f"pool {pool.name!r}: provider {kind!r} is not supported by this build; "
+        "use one of: fake, local"
+    )
