@@ -23,19 +23,29 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
-def _register() -> None:
+def _register(only: str | None = None) -> None:
     # Each command group lives in its own `*_cmds.py` module; importing it adds its
     # commands, so a new area adds a module without touching this file.
     import importlib
     import pkgutil
 
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.endswith("_cmds"):
+        if info.name.endswith("_cmds") and only in (None, info.name):
             importlib.import_module(f"{__name__}.{info.name}")
 
 
+def _group() -> None:
+    """GPU autoscaler and policy service."""
+
+
 def main() -> None:
-    _register()
+    # `autoscaler agent` runs on GPU machines: load only its module so the agent never
+    # imports the server (SQLAlchemy, FastAPI) and starts fast.
+    if sys.argv[1:2] == ["agent"]:
+        _register("agent_cmds")
+        app.callback()(_group)  # with a single command loaded, typer would drop the name `agent`
+    else:
+        _register()
     try:
         app()
     except AutoscalerError as exc:

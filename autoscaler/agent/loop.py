@@ -1,0 +1,368 @@
+"""The agent's main loop: register, then heartbeat, lease, run, watch and report
+until a drain, a spot notice or the server ends the worker's life.
+
+One thread does everything that decides (this loop); tasks are subprocesses in
+their own process groups and only their output is read by helper threads. The
+server being away never stops running tasks: calls are retried with backoff and
+reports wait in the outbox. SIGTERM (or SIGINT) starts a drain with the configured
+deadline; a second one moves the deadline to now.
+
+Exit codes: 0 drained or preempted and deregistered (the image may power off);
+2 the server declared this worker gone (the service manager should restart the
+agent, which registers again); 1 a one-line error (bad bootstrap, refused join).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+
+from autoscaler import __version__
+from autoscaler.agent import host
+from autoscaler.agent.decisions import StopRequest, backoff_s, finish_report, start_failed_report
+from autoscaler.agent.errors import AgentError
+from autoscaler.agent.gpus import GpuSource
+from autoscaler.agent.join_secret import fetch_join_token
+from autoscaler.agent.metadata import MetadataService
+from autoscaler.agent.outbox import Outbox
+from autoscaler.agent.runner import StartFailed, TaskProcess
+from autoscaler.agent.server_api import ServerApi, ServerRefused, ServerUnreachable
+from autoscaler.agent.settings import AgentSettings, task_base_env
+from autoscaler.agent.wire import Commands, HeartbeatBody, RegisterBody, Registered
+
+log = logging.getLogger("autoscaler.agent")
+TICK_S = 0.05
+EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
+
+
+class Mode(StrEnum):
+    RUNNING = "running"  # leasing and running tasks
+    DRAINING = "draining"  # no new tasks; running ones may finish until the deadline
+    PREEMPTED = "preempted"  # spot notice: tasks were told to checkpoint and stop
+    GONE = "gone"  # the server gave up on this worker: stop everything, exit 2
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        api: ServerApi,
+        gpus: GpuSource,
+        metadata: MetadataService | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        max_tasks: int | None = None,
+    ) -> None:
+        self.s = settings
+        self.t = settings.timing
+        self.api = api
+        self.gpus = gpus
+        self.metadata = metadata
+        self.clock = clock
+        self.sleep = sleep
+        self.mode = Mode.RUNNING
+        self.tasks: dict[str, TaskProcess] = {}
+        self.outbox = Outbox()
+        self.inventory = gpus.inventory()
+        self.max_tasks = max_tasks or max(1, len(self.inventory))
+        self.work_root = settings.work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
+        self.base_env = task_base_env()
+        self.drain_deadline: float | None = None
+        self.signals = 0
+        self.failures = 0
+        self.unreachable_since: float | None = None
+        self.retry_at = 0.0
+        self.next_heartbeat = 0.0
+        self.next_lease = 0.0
+        self.next_notice = 0.0
+        self.next_flush = 0.0
+        self.heartbeat_s = 10.0
+        self.stopped_at: float | None = None  # when a drain/preemption had nothing left to run
+
+    # -- lifecycle ---------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        reg = self._register()
+        if reg is None:
+            return EXIT_DONE
+        self.heartbeat_s = self.t.heartbeat_s or reg.heartbeat_interval_s
+        log.info(
+            "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs",
+            reg.worker_id,
+            self.s.pool,
+            len(self.inventory),
+            self.gpus.description,
+            self.heartbeat_s,
+        )
+        try:
+            while True:
+                code = self._tick(self.clock())
+                if code is not None:
+                    return code
+                self.sleep(TICK_S)
+        finally:
+            self.api.close()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only count here: the loop acts on it, outside the signal handler.
+        self.signals += 1
+
+    def _register(self) -> Registered | None:
+        join = self.s.join_token or (
+            fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None
+        )
+        if not join:
+            raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
+        instance_id = self.s.instance_id
+        if not instance_id:
+            instance_id = self.metadata.instance_id() if self.metadata else host.hostname()
+        body = RegisterBody(
+            hostname=host.hostname(),
+            instance_id=instance_id,
+            provider=self.s.provider,
+            pool=self.s.pool,
+            gpus=self.inventory,
+            cpus=host.cpu_count(),
+            memory_mb=host.memory_mb(),
+            agent_version=__version__,
+        )
+        first = self.clock()
+        failures = 0
+        while True:
+            if self.signals:
+                log.info("stopped before registering")
+                return None
+            try:
+                return self.api.register(join, body)
+            except ServerRefused as exc:
+                raise AgentError(
+                    f"the server at {self.s.server_url} refused registration: {exc.detail}"
+                ) from None
+            except ServerUnreachable as exc:
+                failures += 1
+                if self.clock() - first > self.t.register_timeout_s:
+                    raise AgentError(
+                        f"cannot reach the server at {self.s.server_url} for "
+                        f"{self.t.register_timeout_s:.0f}s ({exc}); check server_url and the network"
+                    ) from None
+                delay = backoff_s(failures, base_s=0.5, cap_s=self.t.backoff_max_s, jitter=random.random())
+                log.warning("server not reachable yet (%s); retrying in %.1fs", exc, delay)
+                self.sleep(delay)
+
+    # -- one pass of the loop ------------------------------------------------------
+    def _tick(self, now: float) -> int | None:
+        self._handle_signals(now)
+        self._watch_tasks(now)
+        self._watch_notice(now)
+        self._enforce_drain_deadline(now)
+        if now >= self.retry_at:
+            try:
+                self._talk(now)
+                self._reachable(now)
+            except ServerUnreachable as exc:
+                self._unreachable(now, exc)
+        return self._exit_code(now)
+
+    def _handle_signals(self, now: float) -> None:
+        if self.signals and self.mode == Mode.RUNNING:
+            log.info("SIGTERM: draining, running tasks may go on for %.0fs", self.t.drain_deadline_s)
+            self._begin_drain(now, now + self.t.drain_deadline_s)
+        if (
+            self.signals >= 2
+            and self.mode == Mode.DRAINING
+            and self.drain_deadline
+            and self.drain_deadline > now
+        ):
+            log.info("second signal: interrupting running tasks now")
+            self.drain_deadline = now
+
+    def _begin_drain(self, now: float, deadline: float) -> None:
+        self.mode = Mode.DRAINING
+        self.drain_deadline = deadline
+        self.next_heartbeat = now  # tell the server at once
+
+    def _begin_preemption(self, now: float, notice: str) -> None:
+        log.warning(
+            "preemption notice: %s; stopping %d task(s) so they can checkpoint", notice, len(self.tasks)
+        )
+        self.mode = Mode.PREEMPTED
+        for tp in self.tasks.values():
+            tp.request_stop(StopRequest("spot", notice), now, self.t.preempt_grace_s)
+        self.next_heartbeat = now
+
+    def _watch_tasks(self, now: float) -> None:
+        for tp in list(self.tasks.values()):
+            if tp.stop is None and tp.timed_out(now):
+                log.info("task %s: timeout after %.1fs, stopping it", tp.task_id, tp.task.timeout_s or 0)
+                tp.request_stop(
+                    StopRequest("timeout", f"timeout after {tp.task.timeout_s}s"), now, self.t.kill_grace_s
+                )
+            code = tp.poll(now)
+            if code is None:
+                continue
+            tp.reap()
+            del self.tasks[tp.task_id]
+            if tp.stop is not None and tp.stop.cause == "abandoned":
+                continue  # the server already requeued it: nothing to report
+            self.outbox.output(tp.task_id, tp.output.take())
+            self.outbox.finished(tp.task_id, finish_report(tp.stop, code))
+        if now >= self.next_flush:
+            self.next_flush = now + self.t.log_flush_s
+            if self.failures == 0:  # while the server is away, output waits in the capped buffers
+                for tp in self.tasks.values():
+                    chunks = tp.output.take()
+                    if chunks:
+                        self.outbox.output(tp.task_id, chunks)
+
+    def _watch_notice(self, now: float) -> None:
+        if self.metadata is None or self.mode in (Mode.PREEMPTED, Mode.GONE) or now < self.next_notice:
+            return
+        self.next_notice = now + self.t.notice_poll_s
+        try:
+            notice = self.metadata.preemption_notice()
+        except Exception as exc:  # any failure of the metadata service: log, poll again later
+            log.warning("cannot read the %s preemption notice: %s", self.metadata.provider, exc)
+            return
+        if notice:
+            self._begin_preemption(now, notice)
+
+    def _enforce_drain_deadline(self, now: float) -> None:
+        if self.mode != Mode.DRAINING or self.drain_deadline is None or now < self.drain_deadline:
+            return
+        for tp in self.tasks.values():
+            if tp.stop is None:
+                log.info("task %s: drain deadline reached, interrupting it", tp.task_id)
+            tp.request_stop(StopRequest("drain", "drain deadline"), now, self.t.kill_grace_s)
+
+    # -- talking to the server -------------------------------------------------------
+    def _talk(self, now: float) -> None:
+        if self.mode == Mode.GONE:
+            return
+        if now >= self.next_heartbeat:
+            self._heartbeat(now)
+        self.outbox.deliver(self.api)
+        if self.mode == Mode.RUNNING and now >= self.next_lease:
+            self._lease(now)
+
+    def _heartbeat(self, now: float) -> None:
+        body = HeartbeatBody(
+            gpu_metrics=self.gpus.sample(),
+            running=sorted(self.tasks),
+            draining=self.mode != Mode.RUNNING,
+            preempted=self.mode == Mode.PREEMPTED,
+        )
+        try:
+            commands = self.api.heartbeat(body)
+        except ServerRefused as exc:
+            if exc.status in (401, 403, 404):
+                self._gone(now, f"the server no longer knows this worker ({exc})")
+                return
+            raise ServerUnreachable(str(exc)) from None
+        self.next_heartbeat = now + self.heartbeat_s
+        self._obey(now, commands)
+
+    def _obey(self, now: float, commands: Commands) -> None:
+        if commands.shutdown:
+            self._gone(now, "the server declared this worker gone (missed heartbeats?)")
+            return
+        for task_id in commands.cancel:
+            tp = self.tasks.get(task_id)
+            if tp is not None and tp.stop is None:
+                log.info("task %s: canceled by the server", task_id)
+                tp.request_stop(StopRequest("canceled", "canceled by the server"), now, self.t.kill_grace_s)
+        if commands.drain and self.mode == Mode.RUNNING:
+            if commands.drain_deadline is not None:
+                left = (commands.drain_deadline - datetime.now(UTC)).total_seconds()
+            else:
+                left = self.t.drain_deadline_s
+            log.info("drain requested by the server; running tasks may go on for %.0fs", max(left, 0))
+            self._begin_drain(now, now + max(left, 0.0))
+
+    def _gone(self, now: float, why: str) -> None:
+        if self.mode == Mode.GONE:
+            return
+        log.error("%s; stopping %d task(s) and exiting", why, len(self.tasks))
+        self.mode = Mode.GONE
+        for tp in self.tasks.values():
+            tp.request_stop(StopRequest("abandoned", why), now, self.t.kill_grace_s)
+
+    def _lease(self, now: float) -> None:
+        while self.mode == Mode.RUNNING and len(self.tasks) < self.max_tasks:
+            task = self.api.lease()
+            if task is None:
+                break
+            log.info(
+                "task %s: leased (attempt %d, GPUs %s): %s",
+                task.id,
+                task.attempts,
+                task.gpu_indices,
+                " ".join(task.command)[:200],
+            )
+            try:
+                tp = TaskProcess.start(task, self.base_env, self.work_root, now)
+            except StartFailed as exc:
+                log.warning("task %s: %s", task.id, exc)
+                self.outbox.finished(task.id, start_failed_report(str(exc)))
+                continue
+            self.tasks[task.id] = tp
+            self.outbox.started(task.id)
+        self.next_lease = now + self.t.lease_s
+        self.outbox.deliver(self.api)
+
+    def _reachable(self, now: float) -> None:
+        if self.failures:
+            away = now - (self.unreachable_since or now)
+            log.warning("server reachable again after %.1fs; %d task(s) kept running", away, len(self.tasks))
+        self.failures = 0
+        self.unreachable_since = None
+
+    def _unreachable(self, now: float, exc: ServerUnreachable) -> None:
+        self.failures += 1
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+            log.warning("server unreachable (%s); tasks keep running, retrying with backoff", exc)
+        delay = backoff_s(
+            self.failures,
+            base_s=min(1.0, self.heartbeat_s),
+            cap_s=self.t.backoff_max_s,
+            jitter=random.random(),
+        )
+        self.retry_at = now + delay
+
+    # -- leaving ---------------------------------------------------------------------
+    def _exit_code(self, now: float) -> int | None:
+        if self.mode == Mode.RUNNING or self.tasks:
+            return None
+        if self.stopped_at is None:
+            self.stopped_at = now
+        if len(self.outbox) and now - self.stopped_at < self.t.exit_flush_timeout_s:
+            return None  # reports still waiting for the server
+        if now < self.retry_at:
+            return None
+        if len(self.outbox):
+            log.error(
+                "giving up on %d undelivered report(s); the server will notice the missing heartbeats",
+                len(self.outbox),
+            )
+        try:
+            self.api.deregister()
+            log.info("deregistered")
+        except (ServerUnreachable, ServerRefused) as exc:
+            if self.mode != Mode.GONE and now - self.stopped_at < self.t.exit_flush_timeout_s:
+                self.retry_at = now + 1.0
+                return None
+            log.warning("could not deregister (%s)", exc)
+        if self.mode == Mode.GONE:
+            return EXIT_GONE
+        log.info("%s finished; exiting 0", "preemption" if self.mode == Mode.PREEMPTED else "drain")
+        return EXIT_DONE

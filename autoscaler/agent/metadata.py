@@ -1,0 +1,150 @@
+"""Cloud metadata services: the instance's id and the preemption notice.
+
+- AWS IMDSv2: a session token from `PUT /latest/api/token`, then
+  `GET /latest/meta-data/instance-id` and `GET /latest/meta-data/spot/instance-action`
+  (404 until AWS schedules the stop, then `{"action": ..., "time": ...}`).
+- GCP: `GET /computeMetadata/v1/instance/id` and `.../instance/preempted`
+  (`TRUE` once preempted), with the header `Metadata-Flavor: Google`.
+- Azure: `GET /metadata/instance/compute/vmId` and Scheduled Events
+  `GET /metadata/scheduledevents` (an event of type `Preempt`), header `Metadata: true`.
+
+The base URL is configurable so tests point it at fakes on 127.0.0.1. A metadata
+service that does not answer is logged, never fatal: the heartbeat timeout on the
+server is the backstop when a notice is missed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import httpx
+
+from autoscaler.agent.errors import AgentError
+
+log = logging.getLogger("autoscaler.agent")
+LINK_LOCAL = "http://169.254.169.254"
+IMDS_TOKEN_TTL_S = 21600
+
+
+class MetadataService(Protocol):
+    provider: str
+
+    def instance_id(self) -> str: ...
+
+    def preemption_notice(self) -> str | None:
+        """A short description of the notice, or None while there is none."""
+
+
+class _Base:
+    provider = ""
+
+    def __init__(self, base_url: str | None, timeout_s: float = 2.0) -> None:
+        self.base_url = (base_url or LINK_LOCAL).rstrip("/")
+        # Metadata services are link-local and never behind a proxy.
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+
+    def _get(
+        self, path: str, headers: dict[str, str], params: dict[str, str] | None = None
+    ) -> httpx.Response:
+        return self._http.get(path, headers=headers, params=params)
+
+    def _required(self, response: httpx.Response, what: str) -> str:
+        if response.status_code != 200 or not response.text.strip():
+            raise AgentError(
+                f"the {self.provider} metadata service at {self.base_url} answered {response.status_code} "
+                f"for "
+                f"{what}; pass --instance-id or set instance_id in the bootstrap file"
+            )
+        return response.text.strip()
+
+    def _unreachable(self, exc: Exception) -> AgentError:
+        return AgentError(
+            f"cannot reach the {self.provider} metadata service at {self.base_url} "
+            f"({exc.__class__.__name__}); pass --instance-id or set metadata_url"
+        )
+
+
+class AwsImds(_Base):
+    provider = "aws"
+
+    def _token(self) -> str:
+        r = self._http.put(
+            "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_S)}
+        )
+        r.raise_for_status()
+        return r.text.strip()
+
+    def instance_id(self) -> str:
+        try:
+            token = self._token()
+            r = self._get("/latest/meta-data/instance-id", {"X-aws-ec2-metadata-token": token})
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._required(r, "instance-id")
+
+    def preemption_notice(self) -> str | None:
+        # A fresh token each poll: polls are seconds apart and tokens are cheap, and a
+        # cached token that expired would silently hide a notice.
+        r = self._get("/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": self._token()})
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        body: dict[str, Any] = r.json()
+        return f"aws spot {body.get('action', 'stop')} at {body.get('time', '?')}"
+
+
+class GcpMetadata(_Base):
+    provider = "gcp"
+    HEADERS = {"Metadata-Flavor": "Google"}
+
+    def instance_id(self) -> str:
+        try:
+            r = self._get("/computeMetadata/v1/instance/id", self.HEADERS)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._required(r, "instance/id")
+
+    def preemption_notice(self) -> str | None:
+        r = self._get("/computeMetadata/v1/instance/preempted", self.HEADERS)
+        r.raise_for_status()
+        return "gcp instance preempted" if r.text.strip().upper() == "TRUE" else None
+
+
+class AzureImds(_Base):
+    provider = "azure"
+    HEADERS = {"Metadata": "true"}
+
+    def instance_id(self) -> str:
+        try:
+            r = self._get(
+                "/metadata/instance/compute/vmId",
+                self.HEADERS,
+                {"api-version": "2021-02-01", "format": "text"},
+            )
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._required(r, "compute/vmId")
+
+    def preemption_notice(self) -> str | None:
+        r = self._get("/metadata/scheduledevents", self.HEADERS, {"api-version": "2020-07-01"})
+        r.raise_for_status()
+        for event in r.json().get("Events", []):
+            if event.get("EventType") == "Preempt":
+                event_id, not_before = event.get("EventId", "?"), event.get("NotBefore", "?")
+                return f"azure Preempt event {event_id} not before {not_before}"
+        return None
+
+
+SERVICES: dict[str, Callable[[str | None], MetadataService]] = {
+    "aws": AwsImds,
+    "gcp": GcpMetadata,
+    "azure": AzureImds,
+}
+
+
+def metadata_service(provider: str, base_url: str | None) -> MetadataService | None:
+    """The provider's metadata service, or None for local, slurm and static machines."""
+    make = SERVICES.get(provider)
+    return make(base_url) if make is not None else None

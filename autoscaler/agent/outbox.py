@@ -1,0 +1,68 @@
+"""Reports to the server (start, output, finish), delivered in order and kept until
+delivered, so a server outage delays them but loses none of them."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from autoscaler.agent.decisions import cut_uploads
+from autoscaler.agent.server_api import ServerApi, ServerRefused
+from autoscaler.agent.wire import FinishBody, LogChunk
+
+log = logging.getLogger("autoscaler.agent")
+UPLOAD_MAX_CHARS = 192 * 1024  # below the server's 256 KiB per request
+
+
+@dataclass(frozen=True)
+class Report:
+    kind: Literal["start", "logs", "finish"]
+    task_id: str
+    logs: tuple[LogChunk, ...] = ()
+    finish: FinishBody | None = None
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self._queue: deque[Report] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def started(self, task_id: str) -> None:
+        self._queue.append(Report("start", task_id))
+
+    def output(self, task_id: str, chunks: list[LogChunk]) -> None:
+        for upload in cut_uploads(chunks, UPLOAD_MAX_CHARS):
+            self._queue.append(Report("logs", task_id, logs=tuple(upload)))
+
+    def finished(self, task_id: str, body: FinishBody) -> None:
+        self._queue.append(Report("finish", task_id, finish=body))
+
+    def deliver(self, api: ServerApi) -> None:
+        """Send in order; stops at the first ServerUnreachable, which the caller handles."""
+        while self._queue:
+            report = self._queue[0]
+            try:
+                if report.kind == "start":
+                    api.start(report.task_id)
+                elif report.kind == "logs":
+                    api.logs(report.task_id, list(report.logs))
+                else:
+                    assert report.finish is not None
+                    api.finish(report.task_id, report.finish)
+                    log.info("task %s: reported %s", report.task_id, _describe(report.finish))
+            except ServerRefused as exc:
+                # The server has moved on from this task (requeued after a timeout,
+                # canceled): nothing to retry, and the heartbeat will stop it if needed.
+                log.warning(
+                    "task %s: server refused %s report (%s); dropping it", report.task_id, report.kind, exc
+                )
+            self._queue.popleft()
+
+
+def _describe(body: FinishBody) -> str:
+    extra = f" ({body.detail})" if body.detail else ""
+    return f"{body.reason} exit_code={body.exit_code}{extra}"

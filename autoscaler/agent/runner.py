@@ -1,0 +1,181 @@
+"""One attempt of a task as a subprocess: its own process group, its environment and
+working directory, output captured for upload, timeout and stop with escalation.
+
+The process is started from the agent's main thread with the parent-death signal
+set to SIGKILL (Linux), so a task does not outlive an agent killed with -9: the
+server requeues the task elsewhere and the orphan must not keep the GPU busy.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from autoscaler.agent.decisions import StopRequest, gpu_env
+from autoscaler.agent.wire import LeasedTask, LogChunk
+
+READ_SIZE = 64 * 1024
+# Output held while the server is away; past this the oldest output is dropped with a
+# marker, so a chatty task cannot exhaust the agent's memory.
+MAX_BUFFERED_CHARS = 8 * 1024 * 1024
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform == "linux" else None
+
+
+def _child_setup() -> None:
+    # Runs in the child between fork and exec: keep it to one syscall.
+    if _libc is not None:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class StartFailed(Exception):
+    """The task's process could not be started; the message is for its history."""
+
+
+@dataclass
+class OutputBuffer:
+    """Output not yet uploaded, in arrival order, shared by the reader threads."""
+
+    chunks: list[LogChunk] = field(default_factory=list)
+    chars: int = 0
+    dropped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, stream: Literal["stdout", "stderr"], data: str) -> None:
+        with self._lock:
+            self.chunks.append(LogChunk(stream=stream, data=data))
+            self.chars += len(data)
+            while self.chars > MAX_BUFFERED_CHARS and len(self.chunks) > 1:
+                old = self.chunks.pop(0)
+                self.chars -= len(old.data)
+                self.dropped += len(old.data)
+
+    def take(self) -> list[LogChunk]:
+        with self._lock:
+            chunks, self.chunks, self.chars = self.chunks, [], 0
+            if self.dropped:
+                note = f"[autoscaler agent: {self.dropped} characters of output dropped: server away]\n"
+                chunks.insert(0, LogChunk(stream="stderr", data=note))
+                self.dropped = 0
+            return chunks
+
+
+def _pump(pipe: IO[bytes], stream: Literal["stdout", "stderr"], out: OutputBuffer) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fd = pipe.fileno()
+    while True:
+        block = os.read(fd, READ_SIZE)
+        if not block:
+            break
+        text = decoder.decode(block)
+        if text:
+            out.add(stream, text)
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        out.add(stream, tail)
+    pipe.close()
+
+
+class TaskProcess:
+    def __init__(
+        self, task: LeasedTask, proc: subprocess.Popen[bytes], started: float, scratch: Path | None
+    ) -> None:
+        self.task = task
+        self.proc = proc
+        self.started = started
+        self.scratch = scratch
+        self.output = OutputBuffer()
+        self.stop: StopRequest | None = None
+        self.term_at: float | None = None
+        self.kill_after: float | None = None
+        self.killed = False
+        self._readers = [
+            threading.Thread(
+                target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{task.id}"
+            )
+            for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+            if pipe is not None
+        ]
+        for t in self._readers:
+            t.start()
+
+    @classmethod
+    def start(cls, task: LeasedTask, base_env: dict[str, str], work_root: Path, now: float) -> TaskProcess:
+        env = {**base_env, **task.env, **gpu_env(task.gpu_indices)}
+        env["AUTOSCALER_TASK_ID"] = task.id
+        env["AUTOSCALER_TASK_ATTEMPT"] = str(task.attempts)
+        scratch: Path | None = None
+        if task.working_dir:
+            cwd = Path(task.working_dir)
+            if not cwd.is_dir():
+                raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
+        else:
+            scratch = cwd = work_root / f"{task.id}-{task.attempts}"
+            cwd.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = subprocess.Popen(
+                task.command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: signals reach its children too
+                preexec_fn=_child_setup,
+            )
+        except OSError as exc:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise StartFailed(f"cannot start {task.command[0]!r}: {exc.strerror or exc}") from None
+        return cls(task, proc, now, scratch)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id
+
+    def timed_out(self, now: float) -> bool:
+        return self.task.timeout_s is not None and now - self.started >= self.task.timeout_s
+
+    def request_stop(self, stop: StopRequest, now: float, grace_s: float) -> None:
+        """SIGTERM the process group now and SIGKILL it after `grace_s`; the first reason wins."""
+        if self.stop is None:
+            self.stop = stop
+        if self.term_at is None:
+            self.term_at = now
+            self.kill_after = now + grace_s
+            self._signal(signal.SIGTERM)
+        elif self.kill_after is not None:
+            # A later, more urgent stop (e.g. spot after a drain) may shorten the grace.
+            self.kill_after = min(self.kill_after, now + grace_s)
+
+    def poll(self, now: float) -> int | None:
+        """The return code once the process has ended; escalates to SIGKILL when due."""
+        code = self.proc.poll()
+        if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
+            self.killed = True
+            self._signal(signal.SIGKILL)
+        return code
+
+    def reap(self) -> None:
+        """After the leader exits: kill what is left of its group, collect output, clean up."""
+        self._signal(signal.SIGKILL)
+        for t in self._readers:
+            t.join(timeout=2)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)

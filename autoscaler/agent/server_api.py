@@ -1,0 +1,97 @@
+"""The agent's HTTP client for the control plane's worker API.
+
+Failures come in two kinds the agent treats differently: `ServerUnreachable`
+(connection refused, timeout, 5xx: retry later, keep tasks running) and
+`ServerRefused` (4xx: the server understood and said no; retrying the same call
+will not help).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from autoscaler import __version__
+from autoscaler.agent.wire import (
+    Commands,
+    FinishBody,
+    HeartbeatBody,
+    LeasedTask,
+    LeaseReply,
+    LogChunk,
+    RegisterBody,
+    Registered,
+)
+
+API = "/api/v1/workers"
+
+
+class ServerUnreachable(Exception):
+    """The server did not answer or answered 5xx: try again later."""
+
+
+class ServerRefused(Exception):
+    """The server answered 4xx; `status` and `detail` say why."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class ServerApi:
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self.base_url = base_url
+        self._http = httpx.Client(
+            base_url=base_url, timeout=timeout_s, headers={"User-Agent": f"autoscaler-agent/{__version__}"}
+        )
+        self.worker_id: str | None = None
+        self._token: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, path: str, body: Any, token: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token or self._token}"}
+        try:
+            r = self._http.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"{exc.__class__.__name__}: {exc}") from None
+        if r.status_code >= 500:
+            raise ServerUnreachable(f"server answered {r.status_code}")
+        if r.status_code >= 400:
+            try:
+                detail = str(r.json().get("detail", r.text))
+            except ValueError:
+                detail = r.text
+            raise ServerRefused(r.status_code, detail[:500])
+        return r.json() if r.content else None
+
+    def _worker(self, suffix: str) -> str:
+        assert self.worker_id is not None, "register first"
+        return f"{API}/{self.worker_id}/{suffix}"
+
+    def register(self, join_token: str, body: RegisterBody) -> Registered:
+        reply = Registered.model_validate(self._call(f"{API}/register", body.model_dump(), token=join_token))
+        self.worker_id = reply.worker_id
+        self._token = reply.worker_token
+        return reply
+
+    def heartbeat(self, body: HeartbeatBody) -> Commands:
+        return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump()))
+
+    def lease(self) -> LeasedTask | None:
+        return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task
+
+    def start(self, task_id: str) -> None:
+        self._call(self._worker(f"tasks/{task_id}/start"), {})
+
+    def finish(self, task_id: str, body: FinishBody) -> None:
+        self._call(self._worker(f"tasks/{task_id}/finish"), body.model_dump())
+
+    def logs(self, task_id: str, chunks: list[LogChunk]) -> None:
+        self._call(self._worker(f"tasks/{task_id}/logs"), {"chunks": [c.model_dump() for c in chunks]})
+
+    def deregister(self) -> None:
+        self._call(self._worker("deregister"), {})

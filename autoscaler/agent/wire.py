@@ -1,0 +1,99 @@
+"""The JSON the agent exchanges with the control plane.
+
+These models mirror `autoscaler.api.schemas` on purpose instead of importing it: the
+agent runs on a VM image that should not carry the server's code paths. A contract
+test (`tests/agent/test_wire_contract.py`) checks both sides still agree. Responses
+ignore unknown fields so a newer server can add some without breaking older agents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EndReason = Literal["exit", "canceled", "interrupted", "timeout", "start_failed"]
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class GpuInfo(BaseModel):
+    index: int
+    uuid: str = ""
+    model: str = ""
+    memory_mb: int = 0
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    simulated: bool = False
+
+
+class GpuMetric(BaseModel):
+    index: int
+    utilization_pct: float = 0
+    memory_used_mb: float = 0
+    memory_total_mb: float = 0
+    temperature_c: float | None = None
+    error: str | None = None
+
+
+class RegisterBody(BaseModel):
+    hostname: str
+    instance_id: str
+    provider: str
+    pool: str
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    cpus: int = 0
+    memory_mb: int = 0
+    agent_version: str = ""
+
+
+class Registered(_Reply):
+    worker_id: str
+    worker_token: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+
+
+class HeartbeatBody(BaseModel):
+    gpu_metrics: list[GpuMetric] = Field(default_factory=list)
+    running: list[str] = Field(default_factory=list)
+    draining: bool = False
+    preempted: bool = False
+
+
+class Commands(_Reply):
+    """What the server asks of the agent in a heartbeat reply."""
+
+    drain: bool = False
+    drain_deadline: datetime | None = None
+    cancel: list[str] = Field(default_factory=list)
+    shutdown: bool = False
+
+
+class LeasedTask(_Reply):
+    id: str
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    working_dir: str | None = None
+    gpus: int = 0
+    gpu_indices: list[int] = Field(default_factory=list)
+    timeout_s: float | None = None
+    attempts: int = 1
+
+
+class LeaseReply(_Reply):
+    task: LeasedTask | None = None
+
+
+class LogChunk(BaseModel):
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class FinishBody(BaseModel):
+    reason: EndReason
+    exit_code: int | None = None
+    detail: str = ""
