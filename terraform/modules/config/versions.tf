@@ -1,0 +1,4 @@
+terraform {
+  # optional() object attributes with defaults.
+  required_version = ">= 1.3"
+}
