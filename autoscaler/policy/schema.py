@@ -74,6 +74,9 @@ class PoolInput(_Model):
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(0, ge=0)
     current_instances: int = Field(0, ge=0)
+    idle_instances: int = Field(
+        0, ge=0, description="Instances whose worker is idle (used by on-prem first)."
+    )
     hourly_prices: dict[str, float] = Field(
         default_factory=dict, description='USD/h keyed "<instance_type>/<capacity_type>" ("g5.xlarge/spot").'
     )
@@ -124,6 +127,13 @@ class PoolDecision(_Model):
     reasons: list[str] = Field(default_factory=list)
 
 
+class QueueDecision(_Model):
+    allowed_pools: list[str] | None = Field(
+        None, description="None = every pool the queue is configured with."
+    )
+    reasons: list[str] = Field(default_factory=list)
+
+
 class Alert(_Model):
     team: str | None = None
     level: Level
@@ -139,6 +149,10 @@ class Decision(_Model):
     teams: dict[str, TeamDecision] = Field(default_factory=dict)
     default_team: TeamDecision = Field(default_factory=TeamDecision)
     pools: dict[str, PoolDecision] = Field(default_factory=dict)
+    queues: dict[str, QueueDecision] = Field(default_factory=dict)
+    pool_order: list[str] = Field(
+        default_factory=list, description="Pools in the order to use them: on-prem first, then cheapest."
+    )
     alerts: list[Alert] = Field(default_factory=list)
     deny: list[str] = Field(default_factory=list)
     warn: list[str] = Field(default_factory=list)

@@ -1,0 +1,146 @@
+"""A policy directory read into memory: Rego modules, the data FinOps edit, test cases.
+
+Layout (see docs/policies.md):
+
+    policies/
+      *.rego              the rules (OPA v1 syntax: `import rego.v1`, `if`, `contains`)
+      data/<name>.yaml    loaded as `data.<name>` (YAML or JSON)
+      tests/*.yaml        table-driven cases: an input and the expected part of the decision
+
+The revision is a content hash of the rules and the data (not the tests): the same
+revision always gives the same decision for the same input, which is what a recorded
+decision needs in order to be explained later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoscaler.policy.problems import PolicyError, Problem
+
+# The document the service asks for: `data.<package>.decision`.
+DECISION_RULE = "decision"
+
+
+def shipped_policy_dir() -> Path:
+    """The default policies: `policies/` at the repository root, next to `autoscaler/`."""
+    return Path(__file__).resolve().parents[2] / "policies"
+
+
+def entrypoint(package: str) -> str:
+    return package.replace(".", "/") + "/" + DECISION_RULE
+
+
+@dataclass(frozen=True)
+class TestCase:
+    name: str
+    file: str
+    input: dict[str, Any]
+    expect: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PolicyBundle:
+    directory: Path
+    modules: dict[str, str]  # relative path -> Rego source
+    data: dict[str, Any]
+    revision: str
+    cases: list[TestCase] = field(default_factory=list)
+
+
+def _read_structured(path: Path, rel: str) -> Any:
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyError(
+            "policy data is not valid JSON", [Problem(rel, exc.lineno, exc.msg, exc.colno)]
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        line = mark.line + 1 if mark else None
+        col = mark.column + 1 if mark else None
+        raise PolicyError("policy file is not valid YAML", [Problem(rel, line, problem, col)]) from None
+
+
+def _structured_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+
+
+def load_cases(directory: Path) -> list[TestCase]:
+    cases: list[TestCase] = []
+    tests = directory / "tests"
+    for path in _structured_files(tests):
+        rel = str(path.relative_to(directory))
+        doc = _read_structured(path, rel)
+        items = doc.get("cases") if isinstance(doc, dict) else None
+        if not isinstance(items, list):
+            raise PolicyError("bad test file", [Problem(rel, 1, "expected a mapping with a `cases:` list")])
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or not isinstance(item.get("input"), dict) or "expect" not in item:
+                raise PolicyError(
+                    "bad test case",
+                    [Problem(rel, None, f"case #{i + 1} needs `name`, an `input` mapping and `expect`")],
+                )
+            cases.append(
+                TestCase(
+                    name=str(item.get("name") or f"case {i + 1}"),
+                    file=rel,
+                    input=item["input"],
+                    expect=item["expect"] if isinstance(item["expect"], dict) else {},
+                )
+            )
+    return cases
+
+
+def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
+    """Read a policy directory. Raises PolicyError (with file:line) for unreadable files."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PolicyError(
+            f"policy directory {directory} does not exist; pass a directory holding *.rego files"
+        )
+    modules: dict[str, str] = {}
+    for path in sorted(directory.rglob("*.rego")):
+        rel = str(path.relative_to(directory))
+        try:
+            modules[rel] = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError("cannot read policy", [Problem(rel, None, str(exc))]) from None
+    if not modules:
+        raise PolicyError(f"policy directory {directory} holds no *.rego files")
+    data: dict[str, Any] = {}
+    for path in _structured_files(directory / "data"):
+        rel = str(path.relative_to(directory))
+        doc = _read_structured(path, rel)
+        data[path.stem] = doc if doc is not None else {}
+    digest = hashlib.sha256()
+    for rel, source in sorted(modules.items()):
+        digest.update(rel.encode() + b"\0" + source.encode() + b"\0")
+    digest.update(json.dumps(data, sort_keys=True, default=str).encode())
+    cases = load_cases(directory) if with_cases else []
+    return PolicyBundle(
+        directory=directory, modules=modules, data=data, revision=digest.hexdigest()[:16], cases=cases
+    )
+
+
+def directory_fingerprint(directory: Path) -> str:
+    """Cheap change detector for hot reload: names, sizes and mtimes of every file."""
+    digest = hashlib.sha256()
+    if directory.is_dir():
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                st = path.stat()
+                digest.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()

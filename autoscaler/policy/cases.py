@@ -1,0 +1,155 @@
+"""Checking a policy directory and running its table-driven test cases.
+
+The same code serves `autoscaler policy check|test` and the service's hot reload, so a
+policy that passes `policy test` on a laptop is exactly one the service will accept.
+
+A case is an input (times may be left out: the billing period is derived from `now`)
+and the expected part of the decision: mappings match on the keys given, lists match
+element by element, numbers match to 1e-6. Anything the case does not mention is free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from autoscaler.policy.bundle import PolicyBundle, TestCase
+from autoscaler.policy.engines import EmbeddedEngine, billing_period, input_document, to_decision
+from autoscaler.policy.isolation import EngineUnavailable
+from autoscaler.policy.lint import lint
+from autoscaler.policy.problems import PolicyError, Problem
+from autoscaler.policy.rego import RegoFailure
+from autoscaler.policy.schema import PolicyInput
+
+
+def complete_input(raw: dict[str, Any]) -> PolicyInput:
+    """Validate an input document, deriving the billing period from `now` when left out."""
+    doc = dict(raw)
+    try:
+        probe = PolicyInput.model_validate(
+            {
+                **doc,
+                "billing_period_start": doc.get("billing_period_start", doc.get("now")),
+                "billing_period_end": doc.get("billing_period_end", doc.get("now")),
+                "hours_left_in_period": doc.get("hours_left_in_period", 0),
+            }
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise PolicyError(f"invalid policy input at {loc}: {first['msg']}") from None
+    start, end, left = billing_period(probe.now)
+    doc.setdefault("billing_period_start", start.isoformat())
+    doc.setdefault("billing_period_end", end.isoformat())
+    doc.setdefault("hours_left_in_period", left)
+    return PolicyInput.model_validate(doc)
+
+
+def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
+    """Where `actual` differs from the part of it that `expected` describes."""
+    here = path or "decision"
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{here}: expected a mapping, got {actual!r}"]
+        out: list[str] = []
+        for key, want in expected.items():
+            if key not in actual:
+                out.append(f"{here}.{key}: missing (expected {want!r})")
+            else:
+                out += mismatches(want, actual[key], f"{here}.{key}")
+        return out
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return [f"{here}: expected {expected!r}, got {actual!r}"]
+        out = []
+        for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
+            out += mismatches(want, got, f"{here}[{i}]")
+        return out
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return (
+            []
+            if expected == actual and type(expected) is type(actual)
+            else [f"{here}: expected {expected!r}, got {actual!r}"]
+        )
+    if isinstance(expected, int | float):
+        if isinstance(actual, bool) or not isinstance(actual, int | float):
+            return [f"{here}: expected {expected!r}, got {actual!r}"]
+        return (
+            []
+            if abs(expected - actual) <= 1e-6 * max(1.0, abs(expected))
+            else [f"{here}: expected {expected!r}, got {actual!r}"]
+        )
+    return [] if expected == actual else [f"{here}: expected {expected!r}, got {actual!r}"]
+
+
+@dataclass
+class CaseResult:
+    case: TestCase
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class Report:
+    revision: str
+    problems: list[Problem] = field(default_factory=list)
+    results: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(r.passed for r in self.results)
+
+    def summary(self) -> str:
+        if self.problems:
+            return f"{len(self.problems)} problem(s): " + "; ".join(str(p) for p in self.problems)
+        failed = [r for r in self.results if not r.passed]
+        if failed:
+            first = failed[0]
+            return (
+                f"{len(failed)} of {len(self.results)} test case(s) failed; first: "
+                f"{first.case.file} '{first.case.name}': {first.failures[0]}"
+            )
+        return f"ok: {len(self.results)} test case(s) passed"
+
+
+def check(bundle: PolicyBundle, engine: EmbeddedEngine) -> list[Problem]:
+    """Compile in the engine, then the leniency lint."""
+    problems = engine.compile()
+    if problems:
+        return problems
+
+    def unknown(names: list[str]) -> list[str]:
+        return engine.backend.unknown_functions(names)
+
+    try:
+        return lint(bundle.modules, bundle.data, unknown)
+    except (RegoFailure, EngineUnavailable) as exc:
+        return [Problem("(engine)", None, f"lint could not run: {exc}")]
+
+
+def run_case(engine: EmbeddedEngine, case: TestCase) -> CaseResult:
+    try:
+        policy_input = complete_input(case.input)
+    except PolicyError as exc:
+        return CaseResult(case, [exc.message])
+    doc = input_document(policy_input)
+    try:
+        value = engine.raw(doc)
+        decision = to_decision(value, [t.name for t in policy_input.teams])
+    except RegoFailure as exc:
+        return CaseResult(case, [str(p) for p in exc.problems])
+    except (EngineUnavailable, ValueError) as exc:
+        return CaseResult(case, [str(exc)])
+    return CaseResult(case, mismatches(case.expect, decision.model_dump(mode="json")))
+
+
+def check_and_test(bundle: PolicyBundle, engine: EmbeddedEngine) -> Report:
+    report = Report(revision=bundle.revision, problems=check(bundle, engine))
+    if not report.problems:
+        report.results = [run_case(engine, case) for case in bundle.cases]
+    return report

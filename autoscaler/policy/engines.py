@@ -1,0 +1,222 @@
+"""The two PolicyEngine implementations: embedded Rego (default) and an OPA server.
+
+Both share one rule: `evaluate` never raises for a policy or engine problem. A failed,
+undefined, malformed or timed-out evaluation returns `Decision.failed(...)`: no team
+may add capacity this cycle, running work is untouched, and the error is carried in
+the result so the reconciler records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from autoscaler.policy.bundle import PolicyBundle, entrypoint
+from autoscaler.policy.isolation import EngineUnavailable, IsolatedRego
+from autoscaler.policy.problems import Problem
+from autoscaler.policy.rego import RegoFailure, RegoRuntime
+from autoscaler.policy.schema import Decision, EvaluationResult, PolicyInput
+
+
+def input_document(policy_input: PolicyInput) -> dict[str, Any]:
+    """The JSON document a policy sees (datetimes as RFC 3339 strings)."""
+    doc: dict[str, Any] = policy_input.model_dump(mode="json")
+    return doc
+
+
+def input_digest(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def billing_period(now: datetime) -> tuple[datetime, datetime, float]:
+    """Budget month = calendar month, UTC: (start, end, hours left)."""
+    now = now.astimezone(UTC)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return start, end, max(0.0, (end - now).total_seconds() / 3600)
+
+
+def to_decision(value: Any, team_names: list[str]) -> Decision:
+    """Validate a policy's answer; raise ValueError with a readable reason if it is not a Decision."""
+    if value is None:
+        raise ValueError("the policy's decision is undefined (a rule it depends on did not match)")
+    if not isinstance(value, dict):
+        raise ValueError(f"the policy's decision must be an object, got {type(value).__name__}")
+    try:
+        decision = Decision.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ValueError(
+            f"the policy's decision does not match schema v1 ({exc.error_count()} problem(s)); first at {loc}: "
+            f"{first['msg']}"
+        ) from None
+    missing = [t for t in team_names if t not in decision.teams]
+    if missing:
+        # A team silently falling back to the permissive default is how budgets leak.
+        decision.warn.append(
+            f"policy gave no decision for team(s) {', '.join(missing)}; default_team applies"
+        )
+    decision.alerts.sort(key=lambda a: (a.team or "", a.basis, a.threshold_pct, a.level))
+    return decision
+
+
+class InProcessRego(RegoRuntime):
+    def close(self) -> None:
+        pass
+
+
+class EmbeddedEngine:
+    """Rego evaluated by rego-cpp from a compiled bundle.
+
+    `isolate=True` (the service) runs rego-cpp in a child process with a timeout.
+    `isolate=False` runs it in this process: for the simulator and `policy` CLI
+    commands, which evaluate thousands of times and where an engine crash ends only
+    that run, not a service others depend on; it also has no timeout.
+    """
+
+    def __init__(
+        self,
+        bundle: PolicyBundle,
+        *,
+        package: str = "autoscaler",
+        timeout_s: float = 2.0,
+        isolate: bool = True,
+    ) -> None:
+        self.bundle = bundle
+        self.package = package
+        self.backend: IsolatedRego | InProcessRego = IsolatedRego(timeout_s) if isolate else InProcessRego()
+        self._entrypoint = entrypoint(package)
+
+    @property
+    def revision(self) -> str:
+        return self.bundle.revision
+
+    def compile(self) -> list[Problem]:
+        """Load the bundle into the engine; returns problems instead of raising."""
+        try:
+            self.backend.load(self.bundle.modules, self.bundle.data, self._entrypoint)
+        except RegoFailure as exc:
+            return exc.problems
+        except EngineUnavailable as exc:
+            return [Problem("(engine)", None, str(exc))]
+        return []
+
+    def raw(self, doc: dict[str, Any]) -> Any:
+        """The decision document as the policy wrote it (raises RegoFailure/EngineUnavailable)."""
+        value, _ = self.backend.evaluate(doc)
+        return value
+
+    def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
+        doc = input_document(policy_input)
+        digest = input_digest(doc)
+        names = [t.name for t in policy_input.teams]
+        started = time.perf_counter()
+        try:
+            value, _ = self.backend.evaluate(doc)
+            decision = to_decision(value, names)
+            error = None
+        except (RegoFailure, EngineUnavailable, ValueError) as exc:
+            error = str(exc)
+            decision = Decision.failed(error, names)
+        eval_ms = (time.perf_counter() - started) * 1000
+        return EvaluationResult(
+            decision=decision, revision=self.revision, input_digest=digest, eval_ms=eval_ms, error=error
+        )
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class OpaEngine:
+    """An OPA server over REST: `POST /v1/data/<package>/decision` with `{"input": ...}`.
+
+    OPA owns its bundles, so the revision is what OPA reports in `provenance`
+    (when it serves a bundle) or `opa:<package>`; the decision id is recorded.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        package: str = "autoscaler",
+        timeout_s: float = 2.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.package = package
+        self.timeout_s = timeout_s
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._revision = f"opa:{package}"
+
+    @property
+    def revision(self) -> str:
+        return self._revision
+
+    def _call(self, doc: dict[str, Any]) -> tuple[Any, str | None]:
+        path = f"{self.url}/v1/data/{entrypoint(self.package)}"
+        try:
+            resp = self._client.post(
+                path, json={"input": doc}, params={"provenance": "true"}, timeout=self.timeout_s
+            )
+        except httpx.TimeoutException:
+            raise ValueError(f"OPA at {self.url} did not answer within {self.timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise ValueError(f"OPA at {self.url} is unreachable: {exc}") from None
+        if resp.status_code != 200:
+            try:
+                body = resp.json()
+                detail = f"{body.get('code', '')}: {body.get('message', '')}".strip(": ")
+            except ValueError:
+                detail = resp.text[:200]
+            raise ValueError(f"OPA answered HTTP {resp.status_code}: {detail}")
+        try:
+            body = resp.json()
+        except ValueError:
+            raise ValueError("OPA answered 200 with a body that is not JSON") from None
+        bundles = (body.get("provenance") or {}).get("bundles") or {}
+        revisions = sorted(f"{name}@{b.get('revision', '')}" for name, b in bundles.items())
+        if revisions:
+            self._revision = "opa:" + ",".join(revisions)
+        if "result" not in body:
+            raise ValueError(
+                f"OPA returned an undefined document for data.{self.package}.{'decision'}: "
+                "is the policy loaded in OPA, under that package?"
+            )
+        return body["result"], body.get("decision_id")
+
+    def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
+        doc = input_document(policy_input)
+        digest = input_digest(doc)
+        names = [t.name for t in policy_input.teams]
+        started = time.perf_counter()
+        decision_id = None
+        try:
+            value, decision_id = self._call(doc)
+            decision = to_decision(value, names)
+            error = None
+        except ValueError as exc:
+            error = str(exc)
+            decision = Decision.failed(error, names)
+        eval_ms = (time.perf_counter() - started) * 1000
+        return EvaluationResult(
+            decision=decision,
+            revision=self.revision,
+            input_digest=digest,
+            eval_ms=eval_ms,
+            decision_id=decision_id,
+            error=error,
+        )
+
+    def close(self) -> None:
+        self._client.close()
