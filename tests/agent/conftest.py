@@ -1,0 +1,222 @@
+"""Harness for agent tests: real agent processes (`python -m autoscaler agent`) against
+the real server on 127.0.0.1, with NVML and cloud metadata faked at the edge.
+
+Agent end-to-end tests run on SQLite by default (each costs seconds of wall time); a
+representative few also run on PostgreSQL through `BOTH_BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from autoscaler.api.context import AppContext
+from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.state.db import transaction
+from tests.conftest import REPO, LiveServer, issue_token
+from tests.fakes import nvml
+
+BOTH_BACKENDS = pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+# Intervals shrunk so a whole agent lifecycle takes a few seconds.
+FAST = [
+    "--heartbeat-interval",
+    "0.2",
+    "--lease-interval",
+    "0.1",
+    "--log-flush",
+    "0.2",
+    "--notice-interval",
+    "0.2",
+    "--kill-grace",
+    "1",
+    "--preempt-grace",
+    "1",
+    "--drain-deadline",
+    "1",
+    "--request-timeout",
+    "2",
+    "--backoff-max",
+    "0.5",
+    "--register-timeout",
+    "20",
+]
+PY = sys.executable
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest) -> str:
+    backend = getattr(request, "param", "sqlite")
+    return str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url"))
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+class AgentProcess:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log_path = log
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agent did not exit in {timeout}s; its log:\n{self.log()}") from None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+
+class AgentHarness:
+    """Starts agents against one live server and talks to that server as an admin."""
+
+    def __init__(self, server: LiveServer, tmp: Path) -> None:
+        self.server = server
+        self.ctx: AppContext = server.ctx
+        self.tmp = tmp
+        self.agents: list[AgentProcess] = []
+        self.admin = httpx.Client(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {issue_token(self.ctx, 'admin')}"},
+            timeout=10,
+        )
+        self._shadow = nvml.shadow_dir(tmp / "nvml-shadow")
+        self._n = 0
+
+    def join_token(self, pool: str = "gpu-pool") -> str:
+        return issue_token(self.ctx, "join", pool=pool, ttl=timedelta(hours=1))
+
+    def start_agent(
+        self,
+        *,
+        gpus: int = 1,
+        instance_id: str | None = None,
+        token: str | None = None,
+        extra: list[str] | None = None,
+        nvml_script: dict[str, Any] | None = None,
+        pool: str = "gpu-pool",
+    ) -> AgentProcess:
+        self._n += 1
+        script = nvml_script if nvml_script is not None else {"gpus": nvml.gpus(gpus)}
+        script_path = self.tmp / f"nvml-{self._n}.json"
+        script_path.write_text(json.dumps(script))
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{self._shadow}{os.pathsep}{REPO}",
+            "FAKE_NVML": str(script_path),
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("AUTOSCALER_BOOTSTRAP", None)
+        log = self.tmp / f"agent-{self._n}.log"
+        cmd = [
+            PY,
+            "-m",
+            "autoscaler",
+            "agent",
+            "--server",
+            self.server.url,
+            "--pool",
+            pool,
+            "--instance-id",
+            instance_id or f"i-{self._n:04d}",
+            "--provider",
+            "static",
+            "--work-dir",
+            str(self.tmp / f"work-{self._n}"),
+            *FAST,
+            *(extra or []),
+        ]
+        env["AUTOSCALER_JOIN_TOKEN"] = token or self.join_token(pool)
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=self.tmp)
+        agent = AgentProcess(proc, log)
+        self.agents.append(agent)
+        return agent
+
+    # -- server-side views ---------------------------------------------------------
+    def enqueue(self, command: list[str], *, queue: str = "gpu", gpus: int = 1, **kw: Any) -> str:
+        body = {"queue": queue, "command": command, "gpus": gpus, "team": "vision", **kw}
+        r = self.admin.post("/api/v1/tasks", json=body)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        r = self.admin.get(f"/api/v1/tasks/{task_id}")
+        assert r.status_code == 200, r.text
+        data: dict[str, Any] = r.json()
+        return data
+
+    def wait_state(self, task_id: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            t = self.task(task_id)
+            return t if t["state"] in states else None
+
+        return dict(wait_for(f"task {task_id} to become {states}", check, timeout))
+
+    def logs(self, task_id: str) -> str:
+        r = self.admin.get(f"/api/v1/tasks/{task_id}/logs")
+        assert r.status_code == 200, r.text
+        return "".join(c["data"] for c in r.json())
+
+    def worker(self, worker_id: str) -> dict[str, Any]:
+        data: dict[str, Any] = self.admin.get(f"/api/v1/workers/{worker_id}").json()
+        return data
+
+    def workers(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = self.admin.get("/api/v1/workers", params={"include_gone": True}).json()
+        return data
+
+    def worker_of(self, instance_id: str) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            live = [w for w in self.workers() if w["instance_id"] == instance_id]
+            return live[0] if live else None
+
+        return dict(wait_for(f"worker for {instance_id}", find))
+
+    def expire_silent(self, timeout_s: float) -> list[str]:
+        """What the server's housekeeping job does, with a test-sized timeout."""
+        with transaction(self.ctx.sessions) as s:
+            return [w.id for w in expire_silent_workers(s, now=self.ctx.clock.now(), timeout_s=timeout_s)]
+
+    def close(self) -> None:
+        for a in self.agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait(5)
+        self.admin.close()
+
+
+@pytest.fixture
+def harness(live_server: LiveServer, tmp_path: Path) -> Iterator[AgentHarness]:
+    h = AgentHarness(live_server, tmp_path)
+    yield h
+    h.close()
+
+
+def py(code: str) -> list[str]:
+    """A task command: this interpreter running `code`."""
+    return [PY, "-c", code]
