@@ -1,0 +1,209 @@
+"""Plain data the planner reads and writes (frozen dataclasses, no ORM objects).
+
+The snapshot side (`PlanInput` and its views) is what one reconcile cycle observed;
+the plan side (`Launch`, `Drain`, `Terminate`, `Hold`) is what it should do and why.
+Everything carries the reasons `autoscaler explain` shows to people.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from autoscaler.policy.schema import Decision
+
+# Instance states that hold (or will hold) capacity and count against a pool's max.
+LIVE_STATES = frozenset({"requested", "launching", "booting", "ready", "draining"})
+# Capacity asked for but not yet registered as a worker.
+BOOTING_STATES = frozenset({"requested", "launching", "booting"})
+# Instance states the planner always terminates (the reconciler's passive sync set them).
+DEAD_STATES = frozenset({"lost", "preempted", "boot_timeout"})
+SHARED_TEAM = "shared"
+
+
+@dataclass(frozen=True)
+class DemandGroup:
+    """`count` queued tasks sharing one shape (the snapshot aggregates, so 10,000 tasks
+    with a handful of shapes cost a handful of rows)."""
+
+    queue: str
+    team: str
+    gpus: int
+    gpu_type: str | None
+    priority: int
+    count: int
+    oldest: datetime | None = None
+
+
+@dataclass(frozen=True)
+class OfferingView:
+    instance_type: str
+    capacity_type: str
+    zone: str | None
+    gpus: int
+    gpu_type: str | None
+    hourly_price: float
+    cpus: int = 1
+    memory_mb: int = 1024
+
+    @property
+    def key(self) -> str:
+        """Same as `providers.base.Offering.key`: the unit a capacity error blocks."""
+        return f"{self.capacity_type}/{self.instance_type}/{self.zone or '-'}"
+
+
+@dataclass(frozen=True)
+class PoolView:
+    name: str
+    provider: str
+    static: bool
+    capacity_types: tuple[str, ...]
+    min_instances: int
+    max_instances: int
+    idle_timeout_s: float
+    boot_timeout_s: float
+    offerings: tuple[OfferingView, ...] = ()
+    region: str | None = None
+    # Offering keys, zones or "*" (the whole pool) marked unavailable after errors.
+    blocked: frozenset[str] = frozenset()
+    backoff_until: datetime | None = None
+
+    def is_blocked(self, offering: OfferingView) -> bool:
+        b = self.blocked
+        return bool(b) and ("*" in b or offering.key in b or f"zone:{offering.zone}" in b)
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    pools: tuple[str, ...]
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    id: str
+    pool: str
+    state: str  # idle | busy | draining
+    gpu_count: int
+    used_gpus: int
+    running_tasks: int
+    gpu_type: str | None = None
+    idle_since: datetime | None = None
+    instance_id: str | None = None  # our Instance.id, when the worker runs on one of ours
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    id: str
+    pool: str
+    state: str
+    gpus: int
+    gpu_type: str | None
+    instance_type: str
+    capacity_type: str
+    hourly_price: float
+    created_at: datetime
+    team: str | None = None
+    launched_at: datetime | None = None
+    worker_id: str | None = None
+    worker_state: str | None = None  # None: no worker registered yet
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    now: datetime
+    queues: tuple[QueueView, ...]
+    pools: tuple[PoolView, ...]
+    demand: tuple[DemandGroup, ...]
+    workers: tuple[WorkerView, ...]
+    instances: tuple[InstanceView, ...]
+    decision: Decision = field(default_factory=Decision)
+    # GPUs each team holds now (running tasks): the starting point of fair share.
+    running_gpus: Mapping[str, int] = field(default_factory=dict)
+    # How long a drained worker may finish its tasks before the agent interrupts them.
+    drain_deadline_s: float = 300.0
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One new instance, answering `answers` (queue, gpus) units of `team`'s demand."""
+
+    pool: str
+    offering: OfferingView
+    team: str
+    answers: tuple[tuple[str, int], ...]
+    reason: str
+
+    @property
+    def gpus(self) -> int:
+        return self.offering.gpus
+
+
+@dataclass(frozen=True)
+class Drain:
+    worker_id: str
+    pool: str
+    reason: str
+    only_if_idle: bool
+    instance_id: str | None = None
+    deadline_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Terminate:
+    instance_id: str
+    pool: str
+    reason: str
+    # The side-exit state recorded before terminating (boot_timeout...), or None.
+    mark: str | None = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Demand left waiting, and why (pool full, budget, policy...)."""
+
+    team: str
+    queue: str
+    tasks: int
+    gpus: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    launches: tuple[Launch, ...] = ()
+    drains: tuple[Drain, ...] = ()
+    terminations: tuple[Terminate, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    placed_on_existing: int = 0
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A compact JSON-able form for the decision record."""
+        return {
+            "launches": [
+                {"pool": x.pool, "offering": x.offering.key, "team": x.team, "gpus": x.gpus,
+                 "price": x.offering.hourly_price, "tasks": len(x.answers), "reason": x.reason}
+                for x in self.launches
+            ],
+            "drains": [
+                {"worker": d.worker_id, "pool": d.pool, "reason": d.reason, "only_if_idle": d.only_if_idle}
+                for d in self.drains
+            ],
+            "terminations": [
+                {"instance": t.instance_id, "pool": t.pool, "reason": t.reason, "mark": t.mark}
+                for t in self.terminations
+            ],
+            "holds": [
+                {"team": h.team, "queue": h.queue, "tasks": h.tasks, "gpus": h.gpus, "reason": h.reason}
+                for h in self.holds
+            ],
+            "placed_on_existing": self.placed_on_existing,
+            "notes": list(self.notes),
+        }
