@@ -10,8 +10,9 @@ import typer
 
 from autoscaler.cli import app
 from autoscaler.config import AutoscalerConfig, Settings, load_config
-from autoscaler.server import build_runtime, database_url, serve
-from autoscaler.state.db import downgrade, make_engine, upgrade
+
+# The server stack (FastAPI, SQLAlchemy, Alembic) is imported inside the commands that
+# need it, so client commands like `autoscaler tasks` start fast.
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -43,6 +44,8 @@ TlsUpstream = Annotated[bool, typer.Option("--tls-terminated-upstream",
 def server(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
            tls_terminated_upstream: TlsUpstream = False) -> None:
     """Run the API server only (housekeeping included, no reconciler)."""
+    from autoscaler.server import build_runtime, serve
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     serve(build_runtime(cfg, home_dir, full_loop=False))
@@ -52,6 +55,8 @@ def server(config: ConfigOpt = None, home: Home = None, host: Host = None, port:
 def up(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
        tls_terminated_upstream: TlsUpstream = False) -> None:
     """Run the whole control plane on this machine (what `make run` starts)."""
+    from autoscaler.server import build_runtime, serve
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config is None and Settings().config is None and EXAMPLE_CONFIG.exists():
         config = EXAMPLE_CONFIG
@@ -62,6 +67,9 @@ def up(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Por
 @db_app.command("upgrade")
 def db_upgrade(config: ConfigOpt = None, home: Home = None, revision: str = "head") -> None:
     """Apply schema migrations (safe to run repeatedly)."""
+    from autoscaler.server import database_url
+    from autoscaler.state.db import make_engine, upgrade
+
     cfg, home_dir = _load(config, home, None, None, False)
     home_dir.mkdir(parents=True, exist_ok=True)
     upgrade(make_engine(database_url(cfg, home_dir)), revision)
@@ -71,6 +79,9 @@ def db_upgrade(config: ConfigOpt = None, home: Home = None, revision: str = "hea
 @db_app.command("downgrade")
 def db_downgrade(revision: str, config: ConfigOpt = None, home: Home = None) -> None:
     """Revert schema migrations to REVISION (e.g. base)."""
+    from autoscaler.server import database_url
+    from autoscaler.state.db import downgrade, make_engine
+
     cfg, home_dir = _load(config, home, None, None, False)
     downgrade(make_engine(database_url(cfg, home_dir)), revision)
     typer.echo(f"database at revision {revision}")

@@ -106,11 +106,14 @@ def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task
     return used, active
 
 
-def team_gpu_usage(session: Session) -> dict[str, int]:
+def team_usage(session: Session) -> dict[str, tuple[int, int]]:
+    """GPUs and tasks each team holds now (GPUs first: the dominant resource here)."""
     rows = session.execute(
-        select(Task.team, func.sum(Task.gpus)).where(Task.state.in_([s.value for s in ACTIVE])).group_by(Task.team)
+        select(Task.team, func.sum(Task.gpus), func.count())
+        .where(Task.state.in_([s.value for s in ACTIVE]))
+        .group_by(Task.team)
     )
-    return {team: int(n or 0) for team, n in rows}
+    return {team: (int(gpus or 0), int(n)) for team, gpus, n in rows}
 
 
 def lease(
@@ -152,11 +155,13 @@ def lease(
     if not candidates:
         return None
     weights = team_weights or {}
-    usage = team_gpu_usage(session) if len({t.team for t in candidates}) > 1 else {}
+    usage = team_usage(session) if len({t.team for t in candidates}) > 1 else {}
 
     def order(t: Task) -> tuple[Any, ...]:
-        share = usage.get(t.team, 0) / max(weights.get(t.team, 1.0), 1e-9)
-        return (-queues[t.queue], -t.priority, share, t.sort_key, t.id)
+        weight = max(weights.get(t.team, 1.0), 1e-9)
+        gpus, count = usage.get(t.team, (0, 0))
+        # CPU-only work holds no GPUs, so the task count breaks ties between teams.
+        return (-queues[t.queue], -t.priority, gpus / weight, count / weight, t.sort_key, t.id)
 
     task = min(candidates, key=order)
     task.attempts += 1
