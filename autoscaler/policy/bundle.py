@@ -43,6 +43,7 @@ class TestCase:
     file: str
     input: dict[str, Any]
     expect: dict[str, Any]
+    absent: tuple[str, ...] = ()  # dotted paths that must not be in the decision
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ def load_cases(directory: Path) -> list[TestCase]:
                     file=rel,
                     input=item["input"],
                     expect=item["expect"] if isinstance(item["expect"], dict) else {},
+                    absent=tuple(str(a) for a in item.get("absent") or ()),
                 )
             )
     return cases

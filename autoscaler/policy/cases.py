@@ -145,7 +145,22 @@ def run_case(engine: EmbeddedEngine, case: TestCase) -> CaseResult:
         return CaseResult(case, [str(p) for p in exc.problems])
     except (EngineUnavailable, ValueError) as exc:
         return CaseResult(case, [str(exc)])
-    return CaseResult(case, mismatches(case.expect, decision.model_dump(mode="json")))
+    actual = decision.model_dump(mode="json")
+    return CaseResult(case, mismatches(case.expect, actual) + present(case.absent, actual))
+
+
+def present(paths: tuple[str, ...], actual: dict[str, Any]) -> list[str]:
+    """Failures for dotted paths (`pools.aws-a100`) that exist but should not."""
+    out = []
+    for path in paths:
+        node: Any = actual
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if node is not None:
+            out.append(f"decision.{path}: expected absent, got {node!r}")
+    return out
 
 
 def check_and_test(bundle: PolicyBundle, engine: EmbeddedEngine) -> Report:

@@ -58,7 +58,7 @@ def to_decision(value: Any, team_names: list[str]) -> Decision:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ValueError(
-            f"the policy's decision does not match schema v1 ({exc.error_count()} problem(s)); first at {loc}: "
+            f"the policy's decision does not match schema v1 ({exc.error_count()} problem(s)); at {loc}: "
             f"{first['msg']}"
         ) from None
     missing = [t for t in team_names if t not in decision.teams]

@@ -148,7 +148,7 @@ def _walk(
     """Follow `.a[_].b` through the schema; returns (node, None) or (None, bad field)."""
     for m in _SEGMENT.finditer(path):
         node = _resolve(schema, node)
-        field, index = m.group(1), m.group(2)
+        field = m.group(1)
         if field is not None:
             props = node.get("properties")
             if props is None:
@@ -203,12 +203,12 @@ def check_input_fields(rel: str, source: str, schema: dict[str, Any] | None = No
         bindings: dict[str, dict[str, Any]] = {}
         for pattern in (_BIND_SOME, _BIND_ASSIGN):
             for m in pattern.finditer(chunk):
-                node, _ = _walk(schema, schema, m.group(2) + ("[_]" if pattern is _BIND_SOME else "[_]"))
+                node, _ = _walk(schema, schema, m.group(2) + "[_]")
                 if node is not None and "properties" in node:
                     bindings[m.group(1)] = node
         for var, node in bindings.items():
             for m in re.finditer(rf"(?<![\w.]){re.escape(var)}((?:\.[A-Za-z_]\w*|\[[^\]\[]*\])+)", chunk):
-                sub, bad = _walk(schema, node, m.group(1))
+                _, bad = _walk(schema, node, m.group(1))
                 if bad:
                     known = ", ".join(sorted(node.get("properties", {})))
                     line = _line(source, offset + m.start())
@@ -241,7 +241,7 @@ def check_data_roots(modules: dict[str, str], data: dict[str, Any]) -> list[Prob
                     Problem(
                         rel,
                         _line(source, m.start()),
-                        f"data.{m.group(1)} does not exist: no data/{m.group(1)}.yaml and no package {m.group(1)}",
+                        f"data.{m.group(1)} does not exist: no data/{m.group(1)}.yaml, no such package",
                     )
                 )
     return problems

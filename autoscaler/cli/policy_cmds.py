@@ -1,0 +1,118 @@
+"""`autoscaler policy check|test|eval|schema`: work on a policy directory before it
+is put in force. These run the embedded engine in this process (a CLI run is the
+only thing an engine crash could end) and need no server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from autoscaler.cli import app
+from autoscaler.cli.common import out, print_json
+from autoscaler.errors import InvalidInput
+from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
+from autoscaler.policy.cases import check, check_and_test, complete_input
+from autoscaler.policy.engines import EmbeddedEngine
+from autoscaler.policy.problems import PolicyError
+from autoscaler.policy.schema import export_schemas
+
+policy_app = typer.Typer(help="Check, test and evaluate Rego policies.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+DirArg = Annotated[Path, typer.Argument(help="Policy directory (*.rego, data/, tests/).")]
+PackageOpt = Annotated[str, typer.Option("--package", help="Rego package whose `decision` is evaluated.")]
+
+
+def _engine(directory: Path, package: str, *, with_cases: bool) -> tuple[Any, EmbeddedEngine]:
+    bundle = load_bundle(directory, with_cases=with_cases)
+    return bundle, EmbeddedEngine(bundle, package=package, isolate=False)
+
+
+@policy_app.command("check")
+def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
+    """Compile the policies and flag what the engine would accept too leniently."""
+    bundle, engine = _engine(directory, package, with_cases=False)
+    problems = check(bundle, engine)
+    for p in problems:
+        out.print(f"[red]{p}[/red]")
+    if problems:
+        raise PolicyError(f"{len(problems)} problem(s) in {directory}")
+    out.print(f"ok: {len(bundle.modules)} module(s), revision {bundle.revision}")
+
+
+@policy_app.command("test")
+def test_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
+    """Run the table-driven cases in DIR/tests/*.yaml through the real engine."""
+    bundle, engine = _engine(directory, package, with_cases=True)
+    report = check_and_test(bundle, engine)
+    for p in report.problems:
+        out.print(f"[red]{p}[/red]")
+    if report.problems:
+        raise PolicyError(f"{len(report.problems)} problem(s) in {directory}; no test case was run")
+    if not report.results:
+        raise PolicyError(f"no test cases in {directory}/tests/*.yaml: add some (see docs/policies.md)")
+    for r in report.results:
+        if r.passed:
+            out.print(f"[green]PASS[/green] {r.case.file}: {r.case.name}")
+        else:
+            out.print(f"[red]FAIL[/red] {r.case.file}: {r.case.name}")
+            for f in r.failures:
+                out.print(f"       {f}")
+    failed = sum(not r.passed for r in report.results)
+    if failed:
+        raise PolicyError(f"{failed} of {len(report.results)} test case(s) failed")
+    out.print(f"{len(report.results)} passed (revision {bundle.revision})")
+
+
+@policy_app.command("eval")
+def eval_cmd(
+    input_file: Annotated[Path, typer.Option("--input", help="Policy input, JSON or YAML.")],
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Policy directory; default: the shipped one.")
+    ] = None,
+    package: PackageOpt = "autoscaler",
+) -> None:
+    """Print the decision the policies give for one input."""
+    try:
+        raw = yaml.safe_load(input_file.read_text())
+    except OSError as exc:
+        raise InvalidInput(f"{input_file}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{input_file}: not valid JSON or YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            f"{input_file}: the input must be a mapping (see docs/schemas/policy-input.v1.json)"
+        )
+    policy_input = complete_input(raw)
+    _, engine = _engine(directory or shipped_policy_dir(), package, with_cases=False)
+    problems = engine.compile()
+    if problems:
+        raise PolicyError("the policy does not compile", problems)
+    result = engine.evaluate(policy_input)
+    if result.error:
+        raise PolicyError(f"evaluation failed: {result.error}")
+    print_json(
+        {
+            "revision": result.revision,
+            "input_digest": result.input_digest,
+            "eval_ms": round(result.eval_ms, 3),
+            "decision": result.decision.model_dump(mode="json"),
+        }
+    )
+
+
+@policy_app.command("schema")
+def schema_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", help="Write the JSON Schemas here.")] = Path(
+        "docs/schemas"
+    ),
+) -> None:
+    """Export the JSON Schemas of the policy input and decision."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, schema in export_schemas().items():
+        (out_dir / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        out.print(f"wrote {out_dir / name}")
