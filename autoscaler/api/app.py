@@ -23,6 +23,9 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.ratelimit import AuthFailureLimiter
 from autoscaler.api.routes import fleet, queues, tasks, tokens, workers
 from autoscaler.errors import AutoscalerError
+from autoscaler.metrics import route as metrics_route
+from autoscaler.reports import routes as report_routes
+from autoscaler.web import pages as dashboard
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -101,7 +104,7 @@ def create_app(ctx: AppContext) -> FastAPI:
             s.execute(text("SELECT 1"))
         return {"status": "ok", "version": __version__}
 
-    for module in (queues, tasks, workers, fleet, tokens):
+    for module in (queues, tasks, workers, fleet, tokens, report_routes, metrics_route, dashboard):
         app.include_router(module.router)
     for hook in ctx.extras.get("routers", []):
         app.include_router(hook)

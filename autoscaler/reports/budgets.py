@@ -1,0 +1,69 @@
+"""Monthly team budgets, read from the policy data FinOps edit (`policies/data/*.yaml`).
+
+The policy owns budgets; the dashboard and the metrics only display them, so this
+reads the same files rather than keeping a second copy. The reader accepts the
+shapes a FinOps file is likely to take (`teams: {vision: {monthly_budget_usd: 500}}`
+or a list of `{name, monthly_budget_usd}`); a file it cannot read yields no budget
+rather than an error page, because a broken policy file is reported by the policy
+service, with file and line.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoscaler.config import AutoscalerConfig
+
+log = logging.getLogger(__name__)
+BUDGET_KEYS = ("monthly_budget_usd", "budget_usd", "monthly_budget", "budget")
+
+
+def policy_dir(config: AutoscalerConfig) -> Path:
+    if config.policy.dir:
+        return Path(config.policy.dir)
+    return Path(__file__).resolve().parents[2] / "policies"
+
+
+def _budget_of(entry: Any) -> float | None:
+    if isinstance(entry, int | float) and not isinstance(entry, bool):
+        return float(entry)
+    if isinstance(entry, dict):
+        for key in BUDGET_KEYS:
+            value = entry.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def _teams_section(doc: Any) -> dict[str, Any]:
+    section = doc.get("teams") if isinstance(doc, dict) else None
+    if isinstance(section, list):
+        return {str(item["name"]): item for item in section if isinstance(item, dict) and "name" in item}
+    return section if isinstance(section, dict) else {}
+
+
+def load_budgets(directory: Path) -> dict[str, float]:
+    """Team -> monthly budget in USD, from every YAML/JSON file under `directory/data`."""
+    budgets: dict[str, float] = {}
+    data_dir = directory / "data"
+    if not data_dir.is_dir():
+        return budgets
+    for path in sorted([*data_dir.glob("*.yaml"), *data_dir.glob("*.yml"), *data_dir.glob("*.json")]):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            log.warning("cannot read budgets from %s: %s", path, exc)
+            continue
+        for team, entry in _teams_section(doc).items():
+            budget = _budget_of(entry)
+            if budget is not None:
+                budgets[str(team)] = budget
+    return budgets
+
+
+def team_budgets(config: AutoscalerConfig) -> dict[str, float]:
+    return load_budgets(policy_dir(config))

@@ -1,0 +1,45 @@
+"""`GET /api/v1/reports/spend`: one month's priced segments as FOCUS rows (JSON or CSV).
+
+Team members get their own team's rows only; an admin gets every team's, or one
+team's with `team=`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.errors import Forbidden
+from autoscaler.reports.focus import focus_row, to_csv, total
+from autoscaler.reports.period import month_bounds, month_of
+from autoscaler.reports.spend import spend_lines
+
+router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
+
+
+@router.get("/spend", response_model=None)
+def spend_report(
+    auth: Auth,
+    ctx: Ctx,
+    month: str | None = None,
+    team: str | None = None,
+    format: Literal["json", "csv"] = "json",
+) -> dict[str, Any] | PlainTextResponse:
+    month = month or month_of(ctx.clock.now())
+    start, end = month_bounds(month)
+    with tx(ctx) as s:
+        principal = auth.user(s)
+        if not principal.is_admin and not principal.team:
+            raise Forbidden("this team token names no team")
+        scope = team if principal.is_admin else principal.team
+        rows = [focus_row(line) for line in spend_lines(s, start, end, team=scope)]
+    if format == "csv":
+        return PlainTextResponse(
+            to_csv(rows),
+            media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="spend-{month}.csv"'},
+        )
+    return {"month": month, "team": scope, "total_usd": round(total(rows), 6), "rows": rows}
