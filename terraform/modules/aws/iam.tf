@@ -137,7 +137,7 @@ locals {
         Effect    = "Allow"
         Action    = "ssm:GetParameter"
         Resource  = local.join_param_arn
-        Condition = { StringEquals = { "ssm:resourceTag/autoscaler:instance-arn" = "$${ec2:SourceInstanceARN}" } }
+        Condition = { StringEquals = { "ssm:resourceTag/autoscaler-instance-arn" = "$${ec2:SourceInstanceARN}" } }
       },
       {
         Sid       = "DecryptJoinTokenThroughSsm"

@@ -22,7 +22,7 @@ locals {
   arn_prefix = "arn:${local.partition}"
 
   # The tag every agent instance carries; IAM conditions key on it.
-  owner_tag_key = "autoscaler:owner"
+  owner_tag_key = "autoscaler-owner" # providers.base.TAG_OWNER
 
   # One-time join tokens: /<deployment>/join/<instance-id>, SecureString, tagged with the
   # instance ARN so that only that instance's role session may read it.
@@ -51,15 +51,14 @@ module "config" {
   opa_url       = var.opa_url
   policy_files  = var.policy_files
 
+  # The settings providers/aws reads from a pool's options (docs/deploy.md lists them).
   pool_options_provider = "aws"
   pool_options = {
     subnet_ids         = local.agent_subnet_ids
     security_group_ids = [aws_security_group.agent.id]
     instance_profile   = aws_iam_instance_profile.agent.name
-    owner_tag          = local.owner_tag_key
     join_token_store   = "aws-ssm"
     join_token_prefix  = local.join_prefix
-    kms_key_id         = aws_kms_key.this.arn
   }
 }
 

@@ -43,3 +43,8 @@ output "config_yaml" {
   description = "The rendered autoscaler.yaml (no secrets)."
   value       = module.config.yaml
 }
+
+output "control_plane_cloud_init" {
+  description = "The control plane host's cloud-config before gzip (no secrets; for review and tests)."
+  value       = local.control_plane_cloud_init
+}

@@ -115,10 +115,13 @@ variable "policy_dir" {
 variable "policy_files" {
   type        = map(string)
   default     = {}
-  description = "Policy and data files (name => content), e.g. FinOps budgets; empty = the policies shipped with the package."
+  description = "The policy directory (relative name => content): Rego files and data/*.yaml such as FinOps budgets; empty = the policies shipped with the package."
   validation {
-    condition     = alltrue([for n in keys(var.policy_files) : can(regex("^[A-Za-z0-9_.-]+$", n))])
-    error_message = "policy_files keys must be plain file names (letters, digits, '_', '.', '-'), without directories."
+    # One directory level, as in the shipped policies/ (data/budgets.yaml); no "..".
+    condition = alltrue([
+      for n in keys(var.policy_files) : can(regex("^([A-Za-z0-9_-][A-Za-z0-9_.-]*/)?[A-Za-z0-9_-][A-Za-z0-9_.-]*$", n)) && !strcontains(n, "..")
+    ])
+    error_message = "policy_files keys must be relative file names inside the policy directory (at most one subdirectory, no '..'), e.g. budgets.rego or data/budgets.yaml."
   }
 }
 

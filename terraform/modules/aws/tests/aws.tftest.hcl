@@ -76,7 +76,7 @@ run "iam_is_scoped_to_this_deployment" {
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.control_plane.policy).Statement :
-      s.Condition.StringEquals["ec2:ResourceTag/autoscaler:owner"] == "demo"
+      s.Condition.StringEquals["ec2:ResourceTag/autoscaler-owner"] == "demo"
       if contains(flatten([s.Action]), "ec2:TerminateInstances")
     ])
     error_message = "TerminateInstances must be conditioned on this deployment's owner tag."
@@ -85,7 +85,7 @@ run "iam_is_scoped_to_this_deployment" {
     condition = length([
       for s in jsondecode(aws_iam_role_policy.control_plane.policy).Statement : s
       if contains(flatten([s.Action]), "ec2:RunInstances") && contains(flatten([s.Resource]), "arn:aws:ec2:eu-west-1:123456789012:instance/*")
-      && try(s.Condition.StringEquals["aws:RequestTag/autoscaler:owner"], "") == "demo"
+      && try(s.Condition.StringEquals["aws:RequestTag/autoscaler-owner"], "") == "demo"
     ]) == 1
     error_message = "RunInstances on instances must require the owner tag in the request."
   }
@@ -118,7 +118,7 @@ run "iam_is_scoped_to_this_deployment" {
   assert {
     condition = (
       jsondecode(aws_iam_role_policy.agent.policy).Statement[0].Resource == "arn:aws:ssm:eu-west-1:123456789012:parameter/demo/join/*"
-      && jsondecode(aws_iam_role_policy.agent.policy).Statement[0].Condition.StringEquals["ssm:resourceTag/autoscaler:instance-arn"] == "$${ec2:SourceInstanceARN}"
+      && jsondecode(aws_iam_role_policy.agent.policy).Statement[0].Condition.StringEquals["ssm:resourceTag/autoscaler-instance-arn"] == "$${ec2:SourceInstanceARN}"
     )
     error_message = "The join token read must be limited to this deployment's path and the caller's own instance."
   }
@@ -128,16 +128,20 @@ run "control_plane_host_carries_no_secret" {
   command = apply
 
   assert {
-    condition     = startswith(aws_instance.control_plane.user_data, "#cloud-config")
+    condition     = startswith(output.control_plane_cloud_init, "#cloud-config")
     error_message = "user_data must be a cloud-config document."
   }
   assert {
     condition = (
-      !strcontains(lower(aws_instance.control_plane.user_data), "password=")
-      && !strcontains(aws_instance.control_plane.user_data, "AUTOSCALER_DATABASE_URL=postgres")
-      && strcontains(aws_instance.control_plane.user_data, "secretsmanager get-secret-value")
+      !strcontains(lower(output.control_plane_cloud_init), "password=")
+      && !strcontains(output.control_plane_cloud_init, "AUTOSCALER_DATABASE_URL=postgres")
+      && strcontains(output.control_plane_cloud_init, "secretsmanager get-secret-value")
     )
     error_message = "The database password must be fetched at start, never written into user_data."
+  }
+  assert {
+    condition     = base64gzip(output.control_plane_cloud_init) == aws_instance.control_plane.user_data_base64
+    error_message = "The host must boot with exactly the reviewed cloud-config (gzipped)."
   }
   assert {
     condition     = aws_instance.control_plane.metadata_options[0].http_tokens == "required"
@@ -177,7 +181,7 @@ run "configuration_flows_from_terraform" {
     error_message = "Pools of other providers must not receive AWS settings."
   }
   assert {
-    condition     = yamldecode(output.config_yaml).policy.dir == "/etc/autoscaler/policies" && strcontains(aws_instance.control_plane.user_data, "/etc/autoscaler/policies/budgets.json")
+    condition     = yamldecode(output.config_yaml).policy.dir == "/etc/autoscaler/policies" && strcontains(output.control_plane_cloud_init, "/etc/autoscaler/policies/budgets.json")
     error_message = "Policy files must reach the host and the configuration must point at them."
   }
 }
