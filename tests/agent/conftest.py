@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -20,10 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from autoscaler.api.context import AppContext
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.state.db import transaction
+from autoscaler.state.models import Worker
 from tests.conftest import REPO, LiveServer, issue_token
 from tests.fakes import nvml
 
@@ -141,8 +144,6 @@ class AgentHarness:
             self.server.url,
             "--pool",
             pool,
-            "--instance-id",
-            instance_id or f"i-{self._n:04d}",
             "--provider",
             "static",
             "--work-dir",
@@ -150,6 +151,8 @@ class AgentHarness:
             *FAST,
             *(extra or []),
         ]
+        if instance_id != "":  # "" = no flag: the agent asks the metadata service
+            cmd += ["--instance-id", instance_id or f"i-{self._n:04d}"]
         env["AUTOSCALER_JOIN_TOKEN"] = token or self.join_token(pool)
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=self.tmp)
@@ -196,6 +199,27 @@ class AgentHarness:
             return live[0] if live else None
 
         return dict(wait_for(f"worker for {instance_id}", find))
+
+    def worker_row(self, worker_id: str) -> Worker:
+        """The worker as the reconciler reads it (fields the API does not show)."""
+        with self.ctx.sessions() as s:
+            row = s.get(Worker, worker_id)
+            assert row is not None
+            s.expunge(row)
+            return row
+
+    def restart_server(self) -> LiveServer:
+        """Stop the server and start a fresh one on the same port and database."""
+        old = self.server
+        old.stop()
+        new = LiveServer(old.ctx)
+        new.port, new.url = old.port, old.url
+        new._server = uvicorn.Server(
+            uvicorn.Config(new.app, host="127.0.0.1", port=old.port, log_level="warning", lifespan="off")
+        )
+        new._thread = threading.Thread(target=new._server.run, daemon=True)
+        self.server = new
+        return new
 
     def expire_silent(self, timeout_s: float) -> list[str]:
         """What the server's housekeeping job does, with a test-sized timeout."""

@@ -1,0 +1,149 @@
+"""Spot notices, machine loss, a server outage: the task history says why each
+attempt ended, and no task is lost."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests.agent.conftest import BOTH_BACKENDS, AgentHarness, py, wait_for
+from tests.fakes.metadata import FakeMetadata
+
+CHECKPOINTING_TASK = (
+    "import os, signal, sys, time\n"
+    "attempt = os.environ['AUTOSCALER_TASK_ATTEMPT']\n"
+    "def stop(*_):\n    print('checkpoint at attempt', attempt, flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('attempt', attempt, 'on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+    "if attempt == '1': time.sleep(60)\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_spot_notice_interrupts_requeues_and_another_agent_completes(
+    harness: AgentHarness, provider: str
+) -> None:
+    metadata = FakeMetadata(provider, instance_id=f"{provider}-vm-1").start()
+    try:
+        task = harness.enqueue(py(CHECKPOINTING_TASK))
+        # No --instance-id: the agent asks the (fake) metadata service, as on a real VM.
+        spot = harness.start_agent(
+            instance_id="", extra=["--provider", provider, "--metadata-url", metadata.url]
+        )
+        harness.wait_state(task, "running")
+        wait_for("a few notice polls", lambda: metadata.polls() >= 2)
+        worker = harness.worker_of(f"{provider}-vm-1")
+        metadata.arm()
+
+        assert spot.wait() == 0
+        t = harness.task(task)
+        assert t["state"] == "queued", t
+        assert [e["reason"] for e in t["events"]][-2:] == [
+            "interrupted:spot",
+            "requeued after interrupted:spot",
+        ]
+        w = harness.worker(worker["id"])
+        assert w["state"] == "gone"
+        assert "preemption notice" in spot.log()
+
+        harness.start_agent(instance_id="i-replacement")
+        done = harness.wait_state(task, "succeeded")
+        assert done["attempts"] == 2
+        out = harness.logs(task)
+        assert "checkpoint at attempt 1" in out and "attempt 2 on 0" in out
+    finally:
+        metadata.stop()
+
+
+def test_spot_notice_marks_the_worker_preempted_for_the_reconciler(harness: AgentHarness) -> None:
+    metadata = FakeMetadata("aws", instance_id="i-spot").start()
+    try:
+        # The task takes its time to checkpoint, so the worker is seen while it drains.
+        task = harness.enqueue(
+            py("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: None)\ntime.sleep(60)")
+        )
+        agent = harness.start_agent(
+            instance_id="", extra=["--provider", "aws", "--metadata-url", metadata.url]
+        )
+        harness.wait_state(task, "running")
+        worker = harness.worker_of("i-spot")
+        metadata.arm()
+        w = wait_for(
+            "worker draining", lambda: (x := harness.worker(worker["id"]))["state"] == "draining" and x
+        )
+        assert w["drain_deadline"] is not None
+        assert agent.wait() == 0  # SIGKILL after --preempt-grace 1
+        t = harness.task(task)
+        assert t["state"] == "queued" and t["events"][-2]["reason"] == "interrupted:spot"
+        row = harness.worker_row(worker["id"])
+        assert row.drain_reason == "spot" and row.gone_reason == "deregistered"
+    finally:
+        metadata.stop()
+
+
+@BOTH_BACKENDS
+def test_agent_killed_mid_task_is_noticed_and_the_task_completes_elsewhere(harness: AgentHarness) -> None:
+    task = harness.enqueue(
+        py(
+            "import os, time\n"
+            "print('attempt', os.environ['AUTOSCALER_TASK_ATTEMPT'], 'pid', os.getpid(), flush=True)\n"
+            "if os.environ['AUTOSCALER_TASK_ATTEMPT'] == '1': time.sleep(60)"
+        )
+    )
+    doomed = harness.start_agent(instance_id="i-doomed")
+    harness.wait_state(task, "running")
+    worker = harness.worker_of("i-doomed")
+    pid = int(wait_for("the task's pid", lambda: re.findall(r"pid (\d+)", harness.logs(task)))[0])
+    doomed.proc.kill()  # kill -9: no drain, no goodbye
+    doomed.proc.wait(5)
+    # The orphaned task must not keep the GPU busy while its task runs elsewhere.
+    wait_for("the orphaned task to die", lambda: not _alive(pid), timeout=5)
+
+    # What the server's housekeeping does every few seconds, with a 1 s timeout.
+    wait_for("the worker to be expired", lambda: harness.expire_silent(1.0), timeout=10, every=0.2)
+    t = harness.task(task)
+    assert t["state"] == "queued"
+    assert [e["reason"] for e in t["events"]][-2:] == ["lost:heartbeat", "requeued after lost:heartbeat"]
+    assert harness.worker(worker["id"])["gone_reason"] == "heartbeat"
+
+    harness.start_agent(instance_id="i-survivor")
+    done = harness.wait_state(task, "succeeded")
+    assert done["attempts"] == 2 and "attempt 2" in harness.logs(task)
+
+
+def test_server_outage_and_restart_do_not_disturb_running_tasks(harness: AgentHarness) -> None:
+    task = harness.enqueue(py("import time\nprint('before', flush=True)\ntime.sleep(1.2)\nprint('after')"))
+    agent = harness.start_agent(instance_id="i-patient")
+    harness.wait_state(task, "running")
+    wait_for("first output", lambda: "before" in harness.logs(task))
+    restarted = harness.restart_server()  # stopped now; started again below
+    wait_for("the agent to notice", lambda: "server unreachable" in agent.log(), timeout=10)
+    time.sleep(1.5)  # the task ends while the server is away: its report must wait
+    restarted.start()
+    try:
+        done = harness.wait_state(task, "succeeded")
+        assert done["attempts"] == 1
+        assert "after" in harness.logs(task)
+        wait_for("the agent to say so", lambda: "server reachable again" in agent.log())
+        assert agent.proc.poll() is None
+        agent.signal(signal.SIGTERM)
+        assert agent.wait() == 0
+    finally:
+        restarted.stop()
