@@ -1,9 +1,9 @@
 """Monthly team budgets, read from the policy data FinOps edit (`policies/data/*.yaml`).
 
 The policy owns budgets; the dashboard and the metrics only display them, so this
-reads the same files rather than keeping a second copy. The reader accepts the
-shapes a FinOps file is likely to take (`teams: {vision: {monthly_budget_usd: 500}}`
-or a list of `{name, monthly_budget_usd}`); a file it cannot read yields no budget
+reads the same files rather than keeping a second copy. The reader takes the
+shipped shape (`teams: {vision: {monthly_usd: 500}}`, `default: {monthly_usd: ...}`
+in `budgets.yaml`) and a list of `{name, monthly_usd}`; a file it cannot read yields no budget
 rather than an error page, because a broken policy file is reported by the policy
 service, with file and line.
 """
@@ -19,7 +19,9 @@ import yaml
 from autoscaler.config import AutoscalerConfig
 
 log = logging.getLogger(__name__)
-BUDGET_KEYS = ("monthly_budget_usd", "budget_usd", "monthly_budget", "budget")
+BUDGET_KEYS = ("monthly_usd", "monthly_budget_usd", "budget_usd", "monthly_budget", "budget")
+# Where a budget for "any team not listed" is kept (`default: {monthly_usd: ...}`).
+DEFAULT = "*"
 
 
 def policy_dir(config: AutoscalerConfig) -> Path:
@@ -62,8 +64,17 @@ def load_budgets(directory: Path) -> dict[str, float]:
             budget = _budget_of(entry)
             if budget is not None:
                 budgets[str(team)] = budget
+        default = _budget_of(doc.get("default")) if isinstance(doc, dict) else None
+        if default is not None:
+            budgets[DEFAULT] = default
     return budgets
 
 
 def team_budgets(config: AutoscalerConfig) -> dict[str, float]:
-    return load_budgets(policy_dir(config))
+    """Budget per configured or listed team; the default budget fills configured teams not listed."""
+    budgets = load_budgets(policy_dir(config))
+    default = budgets.pop(DEFAULT, None)
+    if default is not None:
+        for team in config.teams:
+            budgets.setdefault(team.name, default)
+    return budgets
