@@ -1,0 +1,20 @@
+output "api_url" {
+  value = var.public_url
+}
+
+output "admin_token_secret" {
+  description = "Secret Manager secret holding the admin API token (gcloud secrets versions access latest --secret ...)."
+  value       = google_secret_manager_secret.admin_token.id
+}
+
+output "agent_service_account" {
+  value = google_service_account.agent.email
+}
+
+output "join_token_secret_prefix" {
+  value = local.join_prefix
+}
+
+output "config_yaml" {
+  value = module.config.yaml
+}
