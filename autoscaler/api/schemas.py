@@ -152,6 +152,7 @@ class HeartbeatIn(Body):
     gpu_metrics: list[GpuMetric] = Field(default_factory=list, max_length=64)
     running: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=64)
     draining: bool = False
+    preempted: bool = Field(False, description="The agent got a spot/preemption notice from its cloud.")
 
 
 class HeartbeatOut(BaseModel):

@@ -100,6 +100,8 @@ def heartbeat(
     now: datetime,
     gpu_metrics: list[dict[str, Any]] | None = None,
     running: list[str] | None = None,
+    draining: bool = False,
+    preempted: bool = False,
 ) -> HeartbeatReply:
     worker = get_worker(session, worker_id, lock=True)
     if worker.state == "gone":
@@ -107,6 +109,15 @@ def heartbeat(
         # requeued elsewhere, so the agent must stop them and shut down.
         return HeartbeatReply(False, None, list(running or []), True, [])
     worker.last_heartbeat = now
+    # The agent drains by itself on SIGTERM or a spot notice; recording it keeps the
+    # reconciler from counting it as capacity, and "spot" lets it mark the instance preempted.
+    if preempted and worker.drain_reason != "spot":
+        worker.state = "draining"
+        worker.drain_reason = "spot"
+        worker.drain_deadline = worker.drain_deadline or now
+    elif draining and worker.state in ("idle", "busy"):
+        worker.state = "draining"
+        worker.drain_reason = "agent"
     if gpu_metrics is not None:
         worker.gpu_metrics = gpu_metrics[:64]
     tasks = list(

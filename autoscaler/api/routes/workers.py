@@ -67,6 +67,8 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
             now=ctx.clock.now(),
             gpu_metrics=[m.model_dump() for m in body.gpu_metrics],
             running=list(body.running),
+            draining=body.draining,
+            preempted=body.preempted,
         )
     return HeartbeatOut(
         drain=reply.drain, drain_deadline=reply.drain_deadline, cancel=reply.cancel, shutdown=reply.shutdown
