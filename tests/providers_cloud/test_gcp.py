@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -40,7 +41,7 @@ def make_provider(fake: GcpComputeFake, **options: object) -> GcpProvider:
         zones=ZONES,
         image=IMAGE,
     )
-    return GcpProvider(settings, [T4_SPOT, A100_OD], credentials=AnonymousCredentials())
+    return GcpProvider(settings, [T4_SPOT, A100_OD], credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
 
 
 def request(
@@ -57,7 +58,7 @@ def request(
     )
 
 
-def inserts(fake: GcpComputeFake) -> list[dict[str, object]]:
+def inserts(fake: GcpComputeFake) -> list[Any]:
     return [r.body for r in fake.requests_matching("POST", "/instances") if r.body]
 
 
@@ -213,7 +214,7 @@ def test_missing_image_is_a_clear_error(gcp_fake: GcpComputeFake) -> None:
     settings = GcpSettings.from_options(
         {"project": "p", "api_endpoint": gcp_fake.url}, region="r", zones=ZONES, image=None
     )
-    provider = GcpProvider(settings, [T4_SPOT], credentials=AnonymousCredentials())
+    provider = GcpProvider(settings, [T4_SPOT], credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     with pytest.raises(InvalidRequest, match="has no image"):
         provider.launch(request("no-image"))
     assert gcp_fake.requests == []
