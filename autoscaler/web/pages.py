@@ -2,7 +2,7 @@
 
 Every page resolves the viewer from the session cookie (see `session.py`) and
 queries through `views.py` with the viewer's team, so a team member never sees
-another team's data. Bad query parameters get a 400 page that says what is
+another team's data. Bad query parameters get a 422 page that says what is
 accepted; an unknown or foreign task gets the same 404.
 """
 

@@ -1,0 +1,107 @@
+"""Dashboard pages over plain HTTP: login cookie attributes, errors as pages (never
+500), and the decisions, charts and fleet pages rendering recorded state for the
+right viewer. The browser flow itself is in test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+
+from autoscaler.state.db import transaction
+from autoscaler.state.models import DecisionRecord, HistoryPoint
+from tests.conftest import LiveServer, issue_token
+from tests.web.helpers import Agent, add_instance
+
+
+def _session(url: str, token: str) -> httpx.Client:
+    http = httpx.Client(base_url=url, timeout=10)
+    response = http.post("/login", data={"token": token, "next": "/fleet"})
+    assert response.status_code == 303 and response.headers["location"] == "/fleet"
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+    return http
+
+
+def test_login_errors_and_redirects(live_server: LiveServer, admin_token: str) -> None:
+    url = live_server.url
+    anonymous = httpx.get(f"{url}/fleet?all=1", timeout=10)
+    assert anonymous.status_code == 303 and anonymous.headers["location"] == "/login?next=%2Ffleet%3Fall%3D1"
+    bad = httpx.post(f"{url}/login", data={"token": "ast_wrong"}, timeout=10)
+    assert (
+        bad.status_code == 401 and "invalid or expired token" in bad.text and "set-cookie" not in bad.headers
+    )
+    worker_kind = issue_token(live_server.ctx, "join", pool="gpu-pool")
+    refused = httpx.post(f"{url}/login", data={"token": worker_kind}, timeout=10)
+    assert refused.status_code == 403 and "admin or a team token" in refused.text
+    open_redirect = httpx.post(
+        f"{url}/login", data={"token": admin_token, "next": "//evil.example/"}, timeout=10
+    )
+    assert open_redirect.headers["location"] == "/"
+    http = _session(url, admin_token)
+    assert http.get("/tasks?state=bogus").status_code == 422
+    assert "unknown state &#39;bogus&#39;" in http.get("/tasks?state=bogus").text
+    assert http.get("/decisions?limit=0").status_code == 422
+    assert http.get("/charts?hours=x").status_code == 422
+    assert http.get("/tasks/" + "z" * 300).status_code == 404
+    page = http.get("/")
+    assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+    assert "script-src 'none'" in page.headers["content-security-policy"]
+    logout = http.post("/logout")
+    assert logout.status_code == 303 and 'autoscaler_session=""' in logout.headers["set-cookie"]
+
+
+def test_decisions_charts_and_fleet_render_for_the_right_viewer(
+    live_server: LiveServer, admin_token: str
+) -> None:
+    ctx, url = live_server.ctx, live_server.url
+    now = ctx.clock.now()
+    agent = Agent(url, admin_token, instance_id="i-vision-vm")
+    add_instance(ctx, team="vision", now=now, provider_instance_id="i-vision-vm", price=1.5)
+    add_instance(ctx, team="nlp", now=now, provider_instance_id="i-nlp-vm")
+    with transaction(ctx.sessions) as s:
+        s.add(
+            DecisionRecord(
+                at=now,
+                policy_revision="rev-abc123",
+                cycle_ms=12.0,
+                eval_ms=0.4,
+                reasons=[
+                    "queue gpu: 2 tasks wait for 1xA10G; launching g.1 spot (cheapest that fits)",
+                    {"team": "nlp", "message": "nlp at 85 % of budget"},
+                ],
+                plan={"launch": [{"pool": "gpu-pool"}], "drain": []},
+                result={
+                    "teams": {"vision": {"may_scale_up": False, "reasons": ["vision forecast over budget"]}}
+                },
+            )
+        )
+        for i in range(5):
+            at = now - timedelta(minutes=10 - i)
+            s.add(HistoryPoint(at=at, metric="queue_depth", key="gpu", value=float(i)))
+            s.add(HistoryPoint(at=at, metric="spend_usd", key="vision", value=10.0 + i))
+            s.add(HistoryPoint(at=at, metric="spend_usd", key="nlp", value=20.0 + i))
+            s.add(HistoryPoint(at=at, metric="worker_gpu_utilization_pct", key=agent.id, value=20.0 * i))
+
+    admin = _session(url, admin_token)
+    decisions = admin.get("/decisions").text
+    assert "rev-abc123" in decisions and "launching g.1 spot (cheapest that fits)" in decisions
+    assert "launch 1" in decisions and "nlp: nlp at 85 % of budget" in decisions
+    charts = admin.get("/charts").text
+    assert charts.count('<svg class="chart"') == 2 and "Queue depth" in charts and "polyline" in charts
+    fleet = admin.get("/fleet").text
+    assert "i-vision-vm" in fleet and "i-nlp-vm" in fleet and 'class="spark"' in fleet and "80 %" in fleet
+
+    vision = _session(url, issue_token(ctx, "team", team="vision"))
+    decisions = vision.get("/decisions").text
+    assert (
+        "rev-abc123" in decisions
+        and "may not grow" in decisions
+        and "vision forecast over budget" in decisions
+    )
+    assert "cheapest that fits" not in decisions and "nlp" not in decisions
+    charts = vision.get("/charts").text
+    assert charts.count('<svg class="chart"') == 1 and "Queue depth" not in charts and "nlp" not in charts
+    fleet = vision.get("/fleet").text
+    assert "i-vision-vm" in fleet and "i-nlp-vm" not in fleet and "≈$3.00" in fleet
+    agent.close()
