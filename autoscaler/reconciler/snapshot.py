@@ -1,0 +1,303 @@
+"""Observe: one consistent view of demand, fleet and money, in a handful of aggregate
+queries (never one per task or per instance), turned into the planner's input and the
+policy's input.
+
+Queued tasks are grouped by shape in SQL, so 10,000 pending tasks of a few shapes
+cost a few rows; workers' load comes from one GROUP BY over active tasks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autoscaler.config import AutoscalerConfig
+from autoscaler.ledger.spend import burn_rate, month_bounds, month_to_date
+from autoscaler.planner.model import (
+    DemandGroup,
+    InstanceView,
+    OfferingView,
+    PlanInput,
+    PoolView,
+    QueueView,
+    WorkerView,
+)
+from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
+from autoscaler.state.models import Instance, OfferingBlock, QueueRow, Task, Worker
+
+ACTIVE_TASK_STATES = ("leased", "running")
+LIVE_WORKER_STATES = ("idle", "busy", "draining")
+# Instances the cycle still has business with (everything but the final states).
+OPEN_INSTANCE_STATES = (
+    "requested",
+    "launching",
+    "booting",
+    "ready",
+    "draining",
+    "terminating",
+    "boot_timeout",
+    "lost",
+    "preempted",
+)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: datetime
+    queues: tuple[QueueView, ...]
+    pools: tuple[PoolView, ...]
+    demand: tuple[DemandGroup, ...]
+    workers: tuple[WorkerView, ...]
+    instances: tuple[InstanceView, ...]
+    running_gpus: Mapping[str, int]
+    running_by_queue: Mapping[str, int]
+    month_to_date: Mapping[str, float]
+    burn: Mapping[str, float]
+    pending_gpus: Mapping[str, int] = field(default_factory=dict)
+
+    def plan_input(self, decision: Decision, *, drain_deadline_s: float = 300.0) -> PlanInput:
+        return PlanInput(
+            self.now,
+            self.queues,
+            self.pools,
+            self.demand,
+            self.workers,
+            self.instances,
+            decision,
+            self.running_gpus,
+            drain_deadline_s,
+        )
+
+    def summary(self) -> dict[str, object]:
+        """The input summary kept on the decision record."""
+        states = Counter(i.state for i in self.instances)
+        return {
+            "pending_tasks": sum(g.count for g in self.demand),
+            "pending_gpus": sum(g.count * g.gpus for g in self.demand),
+            "workers": len(self.workers),
+            "idle_workers": sum(1 for w in self.workers if w.state == "idle"),
+            "instances": dict(states),
+            "running_gpus": dict(self.running_gpus),
+            "month_to_date_usd": {t: round(v, 2) for t, v in self.month_to_date.items()},
+            "burn_usd_per_hour": {t: round(v, 2) for t, v in self.burn.items()},
+        }
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the reconciler keeps per pool between cycles and hands to the snapshot."""
+
+    offerings: tuple[OfferingView, ...] = ()
+    backoff_until: datetime | None = None
+
+
+def observe(
+    session: Session, config: AutoscalerConfig, *, now: datetime, pool_state: Mapping[str, PoolState]
+) -> Snapshot:
+    demand = tuple(
+        DemandGroup(queue, team, int(gpus or 0), gpu_type, int(priority or 0), int(n), oldest)
+        for queue, team, gpus, gpu_type, priority, n, oldest in session.execute(
+            select(
+                Task.queue,
+                Task.team,
+                Task.gpus,
+                Task.gpu_type,
+                Task.priority,
+                func.count(),
+                func.min(Task.sort_key),
+            )
+            .where(Task.state == "queued")
+            .group_by(Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority)
+        )
+    )
+    running_gpus: Counter[str] = Counter()
+    running_by_queue: Counter[str] = Counter()
+    for queue, team, n, gpus in session.execute(
+        select(Task.queue, Task.team, func.count(), func.sum(Task.gpus))
+        .where(Task.state.in_(ACTIVE_TASK_STATES))
+        .group_by(Task.queue, Task.team)
+    ):
+        running_gpus[team] += int(gpus or 0)
+        running_by_queue[queue] += int(n)
+    load = {
+        wid: (int(n), int(g or 0))
+        for wid, n, g in session.execute(
+            select(Task.worker_id, func.count(), func.sum(Task.gpus))
+            .where(Task.state.in_(ACTIVE_TASK_STATES))
+            .group_by(Task.worker_id)
+        )
+    }
+    instance_rows = list(session.scalars(select(Instance).where(Instance.state.in_(OPEN_INSTANCE_STATES))))
+    by_provider_id = {(i.pool, i.provider_instance_id): i for i in instance_rows if i.provider_instance_id}
+    by_worker = {i.worker_id: i for i in instance_rows if i.worker_id}
+    workers: list[WorkerView] = []
+    worker_state: dict[str, str] = {}
+    for w in session.scalars(select(Worker).where(Worker.state.in_(LIVE_WORKER_STATES))):
+        n, used = load.get(w.id, (0, 0))
+        inst = by_worker.get(w.id) or by_provider_id.get((w.pool, w.instance_id))
+        worker_state[w.id] = w.state
+        workers.append(
+            WorkerView(
+                w.id,
+                w.pool,
+                w.state,
+                w.gpu_count,
+                used,
+                n,
+                w.gpu_type,
+                w.idle_since,
+                inst.id if inst else None,
+            )
+        )
+    instances = tuple(
+        InstanceView(
+            i.id,
+            i.pool,
+            i.state,
+            i.gpus,
+            i.gpu_type,
+            i.instance_type,
+            i.capacity_type,
+            i.hourly_price,
+            i.created_at,
+            i.team,
+            i.launched_at,
+            i.worker_id,
+            (worker_state.get(i.worker_id, "gone") if i.worker_id else None),
+        )
+        for i in instance_rows
+    )
+    blocked: dict[str, set[str]] = defaultdict(set)
+    for b in session.scalars(select(OfferingBlock).where(OfferingBlock.until > now)):
+        if b.scope == "offering":
+            blocked[b.pool].add(b.key)
+        elif b.scope == "zone":
+            blocked[b.pool].add(f"zone:{b.key}")
+        else:
+            # A region or provider scope blocks every pool of that provider (and region).
+            for p in config.pools:
+                if p.provider == b.provider and (b.scope == "provider" or p.region == b.key):
+                    blocked[p.name].add("*")
+    pools = tuple(
+        PoolView(
+            name=p.name,
+            provider=p.provider,
+            static=p.provider == "static",
+            capacity_types=tuple(p.capacity_types),
+            min_instances=p.min_instances,
+            max_instances=p.max_instances,
+            idle_timeout_s=p.idle_timeout_s,
+            boot_timeout_s=p.boot_timeout_s,
+            offerings=pool_state[p.name].offerings if p.name in pool_state else (),
+            region=p.region,
+            blocked=frozenset(blocked.get(p.name, ())),
+            backoff_until=pool_state[p.name].backoff_until if p.name in pool_state else None,
+        )
+        for p in config.pools
+    )
+    queues = tuple(
+        QueueView(q.name, tuple(q.pools or ()), q.priority)
+        for q in session.scalars(select(QueueRow).order_by(QueueRow.name))
+    )
+    pending: Counter[str] = Counter()
+    for g in demand:
+        pending[g.team] += g.gpus * g.count
+    return Snapshot(
+        now=now,
+        queues=queues,
+        pools=pools,
+        demand=demand,
+        workers=tuple(workers),
+        instances=instances,
+        running_gpus=dict(running_gpus),
+        running_by_queue=dict(running_by_queue),
+        month_to_date=month_to_date(session, now),
+        burn=burn_rate(session),
+        pending_gpus=dict(pending),
+    )
+
+
+def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
+    """The versioned policy input (see `autoscaler.policy.schema`) for this snapshot."""
+    start, end = month_bounds(snap.now)
+    hours_left = max((end - snap.now).total_seconds(), 0.0) / 3600.0
+    team_names = sorted(
+        {t.name for t in config.teams}
+        | set(snap.month_to_date)
+        | set(snap.pending_gpus)
+        | set(snap.running_gpus)
+    )
+    teams = [
+        TeamInput(
+            name=t,
+            month_to_date_usd=max(snap.month_to_date.get(t, 0.0), 0.0),
+            burn_rate_usd_per_hour=max(snap.burn.get(t, 0.0), 0.0),
+            forecast_usd=max(snap.month_to_date.get(t, 0.0) + snap.burn.get(t, 0.0) * hours_left, 0.0),
+            running_gpus=snap.running_gpus.get(t, 0),
+            pending_gpus=snap.pending_gpus.get(t, 0),
+        )
+        for t in team_names
+    ]
+    by_queue: dict[str, list[DemandGroup]] = defaultdict(list)
+    for g in snap.demand:
+        by_queue[g.queue].append(g)
+    queues = []
+    for q in snap.queues:
+        groups = by_queue.get(q.name, [])
+        oldest = min((g.oldest for g in groups if g.oldest), default=None)
+        shapes: Counter[str] = Counter()
+        for g in groups:
+            if g.gpus:
+                shapes[f"{g.gpus}x{g.gpu_type or 'any'}"] += g.gpus * g.count
+        queues.append(
+            QueueInput(
+                name=q.name,
+                pools=list(q.pools),
+                priority=q.priority,
+                depth=sum(g.count for g in groups),
+                running=snap.running_by_queue.get(q.name, 0),
+                oldest_wait_s=max((snap.now - oldest).total_seconds(), 0.0) if oldest else None,
+                teams_waiting=sorted({g.team for g in groups}),
+                pending_gpus_by_shape=dict(shapes),
+            )
+        )
+    live = Counter(
+        i.pool
+        for i in snap.instances
+        if i.state in ("requested", "launching", "booting", "ready", "draining")
+    )
+    pools = [
+        PoolInput(
+            name=p.name,
+            provider=p.provider,
+            region=p.region or "local",
+            kind="static" if p.static else "cloud",
+            capacity_types=list(p.capacity_types),
+            min_instances=p.min_instances,
+            max_instances=p.max_instances,
+            current_instances=live.get(p.name, 0),
+            hourly_prices={f"{o.instance_type}/{o.capacity_type}": o.hourly_price for o in p.offerings},
+        )
+        for p in snap.pools
+    ]
+    fleet = {
+        "instances": sum(live.values()),
+        "gpus": sum(i.gpus for i in snap.instances if i.state in ("booting", "ready", "draining")),
+        "workers": len(snap.workers),
+        "idle_workers": sum(1 for w in snap.workers if w.state == "idle"),
+    }
+    return PolicyInput(
+        now=snap.now,
+        billing_period_start=start,
+        billing_period_end=end,
+        hours_left_in_period=hours_left,
+        teams=teams,
+        queues=queues,
+        pools=pools,
+        fleet=fleet,
+    )
