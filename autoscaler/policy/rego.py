@@ -28,8 +28,14 @@ from autoscaler.policy.problems import Problem, line_col
 
 _ERROR_HEAD = re.compile(r"\(error\s+(\d+):")
 _ERRORMSG = re.compile(r"\(errormsg (\d+):")
-_RULE_HEAD = re.compile(r"^(default\s+)?([a-z_][a-zA-Z0-9_]*)\b", re.MULTILINE)
+_RULE_HEAD = re.compile(r"^(default\s+)?([a-z_][a-zA-Z0-9_]*)\b(?!\()", re.MULTILINE)
 _PACKAGE = re.compile(r"^package\s+([\w.]+)", re.MULTILINE)
+# rego-cpp gives no text for some failures; by far the most common is a complete rule
+# (or function) that produced two different values for the same input.
+NO_MESSAGE = (
+    "evaluation error without detail from the engine "
+    "(most often conflicting values: a complete rule that produced two different results)"
+)
 _NOT_RULES = {
     "package",
     "import",
@@ -196,33 +202,29 @@ class RegoRuntime:
 
         problems: list[Problem] = []
         messages = error_messages(blob)
-        for path, (rel, line) in sorted(rule_index(self._modules).items()):
-            if path == self._entrypoint:
-                continue
-            interp = Interpreter()
-            try:
-                with _quiet_stdout():
-                    for name, source in sorted(self._modules.items()):
-                        interp.add_module(name, source)
-                    interp.add_data_json(json.dumps(self._data))
-                    bundle = interp.build(None, [path])
-            except RegoError:
-                continue
-            saved = self._interp
-            self._interp = interp
-            try:
+        index = {path: where for path, where in rule_index(self._modules).items() if path != self._entrypoint}
+        # One build with every rule as an entrypoint, then one query per rule.
+        interp = Interpreter()
+        try:
+            with _quiet_stdout():
+                for name, source in sorted(self._modules.items()):
+                    interp.add_module(name, source)
+                interp.add_data_json(json.dumps(self._data))
+                bundle = interp.build(None, sorted(index))
+        except RegoError:
+            index, bundle = {}, None
+        saved = self._interp
+        self._interp = interp
+        try:
+            for path, (rel, line) in sorted(index.items()):
                 ok, text = self._query(policy_input, path, bundle)
-            finally:
-                self._interp = saved
-            if ok and "(error" not in text:
-                continue
-            found = error_messages(text) if ok else []
-            why = (
-                found[0]
-                if found
-                else "conflicting values: a complete rule or function produced two different results"
-            )
-            problems.append(Problem(rel, line, f"rule {path.replace('/', '.')} failed: {why}"))
+                if ok and "(error" not in text:
+                    continue
+                found = error_messages(text) if ok else []
+                why = found[0] if found else NO_MESSAGE
+                problems.append(Problem(rel, line, f"rule {path.replace('/', '.')} failed: {why}"))
+        finally:
+            self._interp = saved
         if not problems:
             why = messages[0] if messages else "evaluation failed (no detail from the engine)"
             problems.append(Problem("(policy)", None, f"evaluating {self._entrypoint} failed: {why}"))

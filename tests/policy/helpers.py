@@ -1,0 +1,37 @@
+"""Helpers for the policy tests: a private copy of the shipped policies to break."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from autoscaler.policy.bundle import shipped_policy_dir
+
+NOW = "2026-03-16T00:00:00Z"
+
+
+def copy_policies(tmp_path: Path) -> Path:
+    target = tmp_path / "policies"
+    shutil.copytree(shipped_policy_dir(), target)
+    return target
+
+
+def write_module(directory: Path, name: str, source: str) -> Path:
+    path = directory / name
+    path.write_text(source)
+    return path
+
+
+SLOW_POLICY = """package autoscaler
+
+import rego.v1
+
+# About 0.3 M iterations: a few seconds in rego-cpp, long enough to kill or time out.
+r := numbers.range(1, 70)
+
+spin := count([1 | r[i]; r[j]; r[k]]) if input.fleet.slow == 1
+
+decision := {"warn": [sprintf("spun %d", [spin])]} if {
+	input.fleet.slow == 1
+} else := {"warn": ["fast"]}
+"""
