@@ -21,6 +21,8 @@ def _configure_logging(level: str) -> None:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s agent %(levelname)s %(message)s",
     )
+    # One line per HTTP call would drown what matters; failures are logged by the agent.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def run(settings: AgentSettings, *, max_tasks: int | None = None, log_level: str = "info") -> int:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import uvicorn
 
+from autoscaler.agent.settings import agent_env_names
 from autoscaler.api.context import AppContext
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.state.db import transaction
@@ -38,7 +39,7 @@ FAST = [
     "--heartbeat-interval",
     "0.2",
     "--lease-interval",
-    "0.1",
+    "0.2",
     "--log-flush",
     "0.2",
     "--notice-interval",
@@ -77,9 +78,10 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0, every: 
 
 
 class AgentProcess:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, nvml_script: Path) -> None:
         self.proc = proc
         self.log_path = log
+        self.nvml_script = nvml_script  # the fake re-reads it on every call: edit it to change the GPUs
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -122,7 +124,10 @@ class AgentHarness:
         extra: list[str] | None = None,
         nvml_script: dict[str, Any] | None = None,
         pool: str = "gpu-pool",
+        use_flags: bool = True,
     ) -> AgentProcess:
+        """An agent process; `use_flags=False` leaves server, pool, provider, instance id
+        and join token to the bootstrap file passed in `extra`."""
         self._n += 1
         script = nvml_script if nvml_script is not None else {"gpus": nvml.gpus(gpus)}
         script_path = self.tmp / f"nvml-{self._n}.json"
@@ -133,30 +138,19 @@ class AgentHarness:
             "FAKE_NVML": str(script_path),
             "PYTHONUNBUFFERED": "1",
         }
-        env.pop("AUTOSCALER_BOOTSTRAP", None)
+        for name in agent_env_names():  # only what this test passes may configure the agent
+            env.pop(name, None)
         log = self.tmp / f"agent-{self._n}.log"
-        cmd = [
-            PY,
-            "-m",
-            "autoscaler",
-            "agent",
-            "--server",
-            self.server.url,
-            "--pool",
-            pool,
-            "--provider",
-            "static",
-            "--work-dir",
-            str(self.tmp / f"work-{self._n}"),
-            *FAST,
-            *(extra or []),
-        ]
-        if instance_id != "":  # "" = no flag: the agent asks the metadata service
-            cmd += ["--instance-id", instance_id or f"i-{self._n:04d}"]
-        env["AUTOSCALER_JOIN_TOKEN"] = token or self.join_token(pool)
+        cmd = [PY, "-m", "autoscaler", "agent", "--work-dir", str(self.tmp / f"work-{self._n}"), *FAST]
+        if use_flags:
+            cmd += ["--server", self.server.url, "--pool", pool, "--provider", "static"]
+            if instance_id != "":  # "" = no flag: the agent asks the metadata service
+                cmd += ["--instance-id", instance_id or f"i-{self._n:04d}"]
+            env["AUTOSCALER_JOIN_TOKEN"] = token or self.join_token(pool)
+        cmd += extra or []
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=self.tmp)
-        agent = AgentProcess(proc, log)
+        agent = AgentProcess(proc, log, script_path)
         self.agents.append(agent)
         return agent
 
