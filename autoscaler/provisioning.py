@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.config import PoolConfig
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, MissingExtra
 from providers.base import CapacityType, Offering, Provider
 
 
@@ -69,7 +69,17 @@ def build_provider(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) 
             labels=dict(pool.labels),
             **kw,
         )
+    if kind == "aws":
+        try:
+            from providers.aws import AwsProvider, AwsSettings
+
+            settings = AwsSettings.from_options(pool.region, pool.options, image=pool.image)
+            return AwsProvider(settings, catalog=catalog_offerings(pool), **kw)
+        except ImportError:
+            raise MissingExtra("aws", "boto3") from None
+        except ValueError as exc:
+            raise ConfigError(f"pool {pool.name!r}: {exc}") from None
     raise ConfigError(
         f"pool {pool.name!r}: provider {kind!r} is not supported by this build; "
-        "use one of: fake, local"
+        "use one of: fake, local, aws"
     )

@@ -71,6 +71,9 @@ class LaunchRequest:
     # Zones (or subnets) the driver may spread over; empty = the offering's zone.
     zones: Sequence[str] = ()
     max_spot_price: float | None = None
+    # Other shapes of the same capacity type the provider may pick instead (a fleet's
+    # overrides, as Karpenter keeps every compatible type); empty = the offering only.
+    alternatives: Sequence[Offering] = ()
 
     def all_tags(self) -> dict[str, str]:
         return {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.config import PoolConfig
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, MissingExtra
 from autoscaler.provisioning import build_provider, catalog_offerings
 from providers.fake import FakeProvider
 from providers.local import LocalProvider
@@ -20,8 +20,15 @@ def pool(**kw: object) -> PoolConfig:
         "region": "us-east-1",
         "zones": ["us-east-1a", "us-east-1b"],
         "instance_types": [
-            {"name": "g5.xlarge", "gpus": 1, "gpu_type": "A10G", "cpus": 4, "memory_mb": 16384,
-             "on_demand_price": 1.006, "spot_price": 0.45},
+            {
+                "name": "g5.xlarge",
+                "gpus": 1,
+                "gpu_type": "A10G",
+                "cpus": 4,
+                "memory_mb": 16384,
+                "on_demand_price": 1.006,
+                "spot_price": 0.45,
+            },
             {"name": "g4dn.xlarge", "gpus": 1, "gpu_type": "T4", "on_demand_price": 0.526},
         ],
     }
@@ -43,8 +50,11 @@ def test_catalog_crosses_types_capacity_and_zones() -> None:
 def test_builds_fake_and_local(tmp_path: Path) -> None:
     fake = build_provider(pool(), deployment="test", home=tmp_path)
     assert isinstance(fake, FakeProvider) and len(fake.offerings()) == 8
-    local = build_provider(pool(provider="local", instance_types=[], zones=[],
-                                simulated_gpus={"count": 2}), deployment="test", home=tmp_path)
+    local = build_provider(
+        pool(provider="local", instance_types=[], zones=[], simulated_gpus={"count": 2}),
+        deployment="test",
+        home=tmp_path,
+    )
     assert isinstance(local, LocalProvider)
     assert local.offerings()[0].gpus == 2
     assert local.root == tmp_path / "local-instances"
@@ -53,3 +63,25 @@ def test_builds_fake_and_local(tmp_path: Path) -> None:
 def test_unsupported_kind_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"pool 'gpu': provider 'slurm' is not supported"):
         build_provider(pool(provider="slurm"), deployment="test", home=tmp_path)
+
+
+def test_builds_aws_and_reports_bad_options(tmp_path: Path) -> None:
+    from providers.aws import AwsProvider
+
+    aws = build_provider(
+        pool(provider="aws", image="ami-1", options={"launch_api": "run_instances"}),
+        deployment="test",
+        home=tmp_path,
+    )
+    assert isinstance(aws, AwsProvider)
+    assert aws.settings.image == "ami-1" and not aws.capabilities.fleets
+    with pytest.raises(ConfigError, match=r"pool 'gpu': unknown AWS option\(s\) subnet;"):
+        build_provider(pool(provider="aws", options={"subnet": ["s-1"]}), deployment="test", home=tmp_path)
+
+
+def test_missing_sdk_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what an install without the extra sees
+    with pytest.raises(MissingExtra, match=r"pip install 'gpu-autoscaler\[aws\]'"):
+        build_provider(pool(provider="aws"), deployment="test", home=tmp_path)

@@ -1,0 +1,545 @@
+"""The AWS EC2 provider: launch, list, terminate and price GPU instances with boto3.
+
+Launches are idempotent twice over: before calling EC2 the driver looks for live
+instances tagged with the request id (a retry after a crash between the call and the
+record finds them), and the call itself carries the request id as EC2's `ClientToken`
+(a retry racing a slow first call gets the first call's instances, not new ones).
+
+Every instance and volume is tagged with owner, pool, request id, team and capacity
+type, so `list` finds instances by owner tag and IAM can scope terminate to them.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from providers.aws.errors import map_error
+from providers.aws.settings import AwsSettings
+from providers.base import (
+    TAG_OWNER,
+    TAG_REQUEST,
+    AuthError,
+    Capabilities,
+    CapacityType,
+    InstanceStatus,
+    InterruptionEvent,
+    InvalidRequest,
+    LaunchRequest,
+    NotFound,
+    Offering,
+    ProviderError,
+    ProviderInstance,
+    TransientError,
+)
+
+TAG_CAPACITY = "autoscaler-capacity-type"
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+SPOT_RECLAIMED = "Server.SpotInstanceTermination"
+_STATUS = {
+    "pending": InstanceStatus.PENDING,
+    "running": InstanceStatus.RUNNING,
+    "stopping": InstanceStatus.STOPPING,
+    "stopped": InstanceStatus.STOPPING,
+    "shutting-down": InstanceStatus.STOPPING,
+}
+_TERMINATE_BATCH = 500  # well under EC2's per-call limit
+
+
+def client_token(request_id: str) -> str:
+    """EC2 accepts up to 64 ASCII characters; longer or non-ASCII ids are hashed."""
+    if len(request_id) <= 64 and request_id.isascii() and request_id.isprintable():
+        return request_id
+    return hashlib.sha256(request_id.encode()).hexdigest()
+
+
+class AwsProvider:
+    """See the module docstring. Needs the `aws` extra (boto3)."""
+
+    def __init__(
+        self,
+        settings: AwsSettings,
+        *,
+        catalog: Sequence[Offering],
+        session: Any = None,
+        boto_config: Any = None,
+        name: str = "aws",
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        import boto3  # lazy: the control plane runs without the aws extra
+        from botocore.config import Config
+
+        self.name = name
+        self.settings = settings
+        self.capabilities = Capabilities(
+            spot=True,
+            fleets=settings.launch_api == "fleet",
+            interruption_events=bool(settings.interruption_queue_url),
+        )
+        self._catalog = list(catalog)
+        self._now = clock or (lambda: datetime.now(UTC))
+        config = boto_config or Config(
+            retries={"mode": "standard", "total_max_attempts": settings.max_attempts},
+            connect_timeout=5,
+            read_timeout=30,
+        )
+        self._session = session or boto3.session.Session(region_name=settings.region)
+        self._config = config
+        self.ec2 = self._session.client(
+            "ec2", region_name=settings.region, endpoint_url=settings.endpoint_url, config=config
+        )
+        self._sqs: Any = None
+        self._subnet_zones: dict[str, str] | None = None
+        self._prices: tuple[float, dict[tuple[str, str], float]] | None = None
+        # Errors EC2 reported for a partly fulfilled fleet, for diagnosis (`explain`).
+        self.last_fleet_errors: builtins.list[dict[str, Any]] = []
+
+    # ---- the Provider protocol -----------------------------------------------------
+
+    def offerings(self) -> builtins.list[Offering]:
+        """The configured catalog, with spot prices from EC2's price history when it answers."""
+        try:
+            spot = self._spot_prices()
+        except ProviderError:
+            spot = {}  # the catalog's prices stand in: a price lookup never blocks launches
+        out = []
+        for o in self._catalog:
+            if o.capacity_type != "spot":
+                out.append(o)
+                continue
+            if o.zone is not None:
+                price = spot.get((o.instance_type, o.zone))
+            else:
+                prices = [p for (t, _), p in spot.items() if t == o.instance_type]
+                price = min(prices) if prices else None
+            out.append(o if price is None else _with_price(o, price))
+        return out
+
+    def launch(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
+        if request.count < 1:
+            raise InvalidRequest(f"launch count must be at least 1, got {request.count}")
+        image = request.image or self.settings.image
+        if not image:
+            raise InvalidRequest(
+                f"pool {request.pool!r} has no AMI: set `image` on the pool "
+                "(build one with agent_image/packer)"
+            )
+        existing = self._by_request(request)
+        if existing:
+            return existing
+        if self.settings.launch_api == "fleet":
+            return self._launch_fleet(request, image)
+        return self._launch_run_instances(request, image)
+
+    def list(self, owner: str) -> builtins.list[ProviderInstance]:
+        return self._describe([{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}], include_reclaimed=True)
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        ids = [i for i in dict.fromkeys(instance_ids) if i]
+        for start in range(0, len(ids), _TERMINATE_BATCH):
+            batch = ids[start : start + _TERMINATE_BATCH]
+            try:
+                self._call(self.ec2.terminate_instances, InstanceIds=batch)
+            except NotFound:
+                # EC2 refuses the whole call when one id is unknown; the others still
+                # need terminating, and an unknown one is already gone (= success).
+                for iid in batch:
+                    with contextlib.suppress(NotFound):
+                        self._call(self.ec2.terminate_instances, InstanceIds=[iid])
+
+    def interruptions(self) -> builtins.list[InterruptionEvent]:
+        """Spot interruption warnings and rebalance recommendations from the SQS queue."""
+        url = self.settings.interruption_queue_url
+        if not url:
+            return []
+        if self._sqs is None:
+            self._sqs = self._session.client(
+                "sqs",
+                region_name=self.settings.region,
+                endpoint_url=self.settings.endpoint_url,
+                config=self._config,
+            )
+        events: builtins.list[InterruptionEvent] = []
+        for _ in range(10):  # bounded: a flood must not stall a reconcile cycle
+            resp = self._call(
+                self._sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+            )
+            messages = resp.get("Messages", [])
+            if not messages:
+                break
+            for m in messages:
+                event = parse_interruption(m.get("Body", ""))
+                if event is not None:
+                    events.append(event)
+            # Deleted once parsed; an unparseable message is dropped too, or it would
+            # come back forever.
+            self._call(
+                self._sqs.delete_message_batch,
+                QueueUrl=url,
+                Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)],
+            )
+        return events
+
+    # ---- launching -----------------------------------------------------------------
+
+    def _tags(self, request: LaunchRequest) -> builtins.list[dict[str, str]]:
+        tags = {
+            **self.settings.extra_tags,
+            **request.all_tags(),
+            TAG_CAPACITY: request.offering.capacity_type,
+        }
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def _placements(self, request: LaunchRequest) -> builtins.list[dict[str, str]]:
+        """Subnet (or zone, in a default VPC) choices for this request, in order."""
+        zones = [*request.zones] or ([request.offering.zone] if request.offering.zone else [])
+        subnets = self._subnets_by_zone()
+        if subnets:
+            chosen = [(z, s) for s, z in subnets.items() if not zones or z in zones]
+            if not chosen:
+                raise InvalidRequest(
+                    f"no configured subnet in zone(s) {', '.join(zones)}: "
+                    "add one to the pool's `subnets` option"
+                )
+            return [{"SubnetId": s, "AvailabilityZone": z} for z, s in chosen]
+        return [{"AvailabilityZone": z} for z in zones] or [{}]
+
+    def _subnets_by_zone(self) -> dict[str, str]:
+        """subnet id -> zone."""
+        configured = self.settings.subnets
+        if isinstance(configured, Mapping):
+            return {s: z for z, s in configured.items()}
+        if not configured:
+            return {}
+        if self._subnet_zones is None:
+            resp = self._call(self.ec2.describe_subnets, SubnetIds=list(configured))
+            self._subnet_zones = {s["SubnetId"]: s["AvailabilityZone"] for s in resp.get("Subnets", [])}
+        return self._subnet_zones
+
+    def _instance_data(self, request: LaunchRequest, image: str) -> dict[str, Any]:
+        """Parameters common to RunInstances and a launch template's data."""
+        tags = self._tags(request)
+        data: dict[str, Any] = {
+            "ImageId": image,
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "volume", "Tags": tags},
+            ],
+            # IMDSv2 only: a task cannot read instance credentials with a plain GET
+            # forwarded from a confused deputy; hop limit 2 lets containers reach it.
+            "MetadataOptions": {
+                "HttpTokens": "required",
+                "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2,
+            },
+            # The agent powers the machine off after a drain: that must end the bill.
+            "InstanceInitiatedShutdownBehavior": "terminate",
+        }
+        if self.settings.security_group_ids:
+            data["SecurityGroupIds"] = list(self.settings.security_group_ids)
+        if self.settings.instance_profile:
+            key = "Arn" if self.settings.instance_profile.startswith("arn:") else "Name"
+            data["IamInstanceProfile"] = {key: self.settings.instance_profile}
+        if self.settings.key_name:
+            data["KeyName"] = self.settings.key_name
+        if self.settings.root_volume_gb:
+            data["BlockDeviceMappings"] = [
+                {
+                    "DeviceName": "/dev/sda1",
+                    "Ebs": {"VolumeSize": self.settings.root_volume_gb, "VolumeType": "gp3"},
+                }
+            ]
+        return data
+
+    def _launch_run_instances(self, request: LaunchRequest, image: str) -> builtins.list[ProviderInstance]:
+        o = request.offering
+        params = self._instance_data(request, image)
+        params.update(
+            InstanceType=o.instance_type,
+            # All or nothing: a partial RunInstances would leave the planner guessing;
+            # CreateFleet is the path that returns what it could get.
+            MinCount=request.count,
+            MaxCount=request.count,
+            ClientToken=client_token(request.request_id),
+            UserData=request.user_data,  # boto3 base64-encodes it
+        )
+        place = self._placements(request)[0]
+        if "SubnetId" in place:
+            params["SubnetId"] = place["SubnetId"]
+        elif "AvailabilityZone" in place:
+            params["Placement"] = {"AvailabilityZone": place["AvailabilityZone"]}
+        if o.capacity_type == "spot":
+            spot: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
+            if request.max_spot_price is not None:
+                spot["MaxPrice"] = f"{request.max_spot_price:.4f}"
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        resp = self._call(self.ec2.run_instances, **params)
+        return [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
+
+    def _launch_fleet(self, request: LaunchRequest, image: str) -> builtins.list[ProviderInstance]:
+        o = request.offering
+        token = client_token(request.request_id)
+        template = f"autoscaler-{token}"
+        data = self._instance_data(request, image)
+        data["UserData"] = base64.b64encode(request.user_data.encode()).decode()
+        create = {
+            "LaunchTemplateName": template,
+            "LaunchTemplateData": data,
+            "TagSpecifications": [{"ResourceType": "launch-template", "Tags": self._tags(request)}],
+        }
+        # No ClientToken here: a template left by a crashed attempt of this request
+        # may hold an older user-data, so it is replaced, not reused.
+        try:
+            self._call(self.ec2.create_launch_template, **create)
+        except InvalidRequest as exc:
+            if "AlreadyExists" not in exc.code:
+                raise
+            self._call(self.ec2.delete_launch_template, LaunchTemplateName=template)
+            self._call(self.ec2.create_launch_template, **create)
+        try:
+            resp = self._call(self.ec2.create_fleet, **self._fleet_params(request, template, token))
+        finally:
+            # An instant fleet is done when the call returns; the template (which holds
+            # the user-data) is not needed any more, and templates count against a quota.
+            with contextlib.suppress(ProviderError):
+                self._call(self.ec2.delete_launch_template, LaunchTemplateName=template)
+        self.last_fleet_errors = list(resp.get("Errors", []))
+        zones = self._subnets_by_zone()
+        out: builtins.list[ProviderInstance] = []
+        for item in resp.get("Instances", []):
+            override = item.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+            capacity: CapacityType = "spot" if item.get("Lifecycle") == "spot" else "on_demand"
+            zone = override.get("AvailabilityZone") or zones.get(override.get("SubnetId", ""))
+            for iid in item.get("InstanceIds", []):
+                out.append(
+                    ProviderInstance(
+                        instance_id=iid,
+                        request_id=request.request_id,
+                        pool=request.pool,
+                        instance_type=item.get("InstanceType")
+                        or override.get("InstanceType")
+                        or o.instance_type,
+                        capacity_type=capacity,
+                        zone=zone,
+                        status=InstanceStatus.PENDING,
+                        launched_at=self._now(),
+                        tags=request.all_tags(),
+                    )
+                )
+        if not out:
+            errors = resp.get("Errors") or [
+                {"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "no instances"}
+            ]
+            first = errors[0]
+            raise map_error(first.get("ErrorCode", "UnfulfillableCapacity"), first.get("ErrorMessage", ""))
+        return out
+
+    def _fleet_params(self, request: LaunchRequest, template: str, token: str) -> dict[str, Any]:
+        o = request.offering
+        types = [o.instance_type] + [
+            a.instance_type for a in request.alternatives if a.capacity_type == o.capacity_type
+        ]
+        overrides = []
+        for itype in dict.fromkeys(types):
+            for place in self._placements(request):
+                override: dict[str, Any] = {"InstanceType": itype, **place}
+                if "SubnetId" in override:
+                    override.pop("AvailabilityZone")  # EC2 takes one or the other
+                if o.capacity_type == "spot" and request.max_spot_price is not None:
+                    override["MaxPrice"] = f"{request.max_spot_price:.4f}"
+                overrides.append(override)
+        params: dict[str, Any] = {
+            "ClientToken": token,
+            "Type": "instant",
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": {"LaunchTemplateName": template, "Version": "$Latest"},
+                    "Overrides": overrides,
+                }
+            ],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": request.count,
+                "DefaultTargetCapacityType": "spot" if o.capacity_type == "spot" else "on-demand",
+            },
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(request)}],
+        }
+        if o.capacity_type == "spot":
+            params["SpotOptions"] = {
+                "AllocationStrategy": self.settings.spot_allocation_strategy,
+                "InstanceInterruptionBehavior": "terminate",
+            }
+        else:
+            params["OnDemandOptions"] = {"AllocationStrategy": self.settings.on_demand_allocation_strategy}
+        return params
+
+    # ---- reading -------------------------------------------------------------------
+
+    def _by_request(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
+        return self._describe(
+            [
+                {"Name": f"tag:{TAG_REQUEST}", "Values": [request.request_id]},
+                {"Name": f"tag:{TAG_OWNER}", "Values": [request.owner]},
+                {"Name": "instance-state-name", "Values": LIVE_STATES},
+            ],
+            include_reclaimed=False,
+        )
+
+    def _describe(
+        self, filters: builtins.list[dict[str, Any]], *, include_reclaimed: bool
+    ) -> builtins.list[ProviderInstance]:
+        out = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
+            if token:
+                kw["NextToken"] = token
+            resp = self._call(self.ec2.describe_instances, **kw)
+            for reservation in resp.get("Reservations", []):
+                for inst in reservation.get("Instances", []):
+                    view = self._view(inst)
+                    if view.status is InstanceStatus.TERMINATED:
+                        continue
+                    if view.status is InstanceStatus.PREEMPTED and not include_reclaimed:
+                        continue
+                    out.append(view)
+            token = resp.get("NextToken")
+            if not token:
+                return out
+
+    def _view(
+        self, inst: Mapping[str, Any], *, fallback_capacity: CapacityType | None = None
+    ) -> ProviderInstance:
+        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+        state = inst.get("State", {}).get("Name", "pending")
+        if state == "terminated":
+            reclaimed = inst.get("StateReason", {}).get("Code") == SPOT_RECLAIMED
+            status = InstanceStatus.PREEMPTED if reclaimed else InstanceStatus.TERMINATED
+        else:
+            status = _STATUS.get(state, InstanceStatus.PENDING)
+        if inst.get("InstanceLifecycle") == "spot" or tags.get(TAG_CAPACITY) == "spot":
+            capacity: CapacityType = "spot"
+        elif tags.get(TAG_CAPACITY) == "on_demand":
+            capacity = "on_demand"
+        else:
+            capacity = fallback_capacity or "on_demand"
+        launched = inst.get("LaunchTime")
+        return ProviderInstance(
+            instance_id=inst["InstanceId"],
+            request_id=tags.get(TAG_REQUEST),
+            pool=tags.get("autoscaler-pool"),
+            instance_type=inst.get("InstanceType", ""),
+            capacity_type=capacity,
+            zone=inst.get("Placement", {}).get("AvailabilityZone"),
+            status=status,
+            launched_at=launched if isinstance(launched, datetime) else None,
+            tags=tags,
+            private_ip=inst.get("PrivateIpAddress"),
+        )
+
+    def _spot_prices(self) -> dict[tuple[str, str], float]:
+        now = time.monotonic()
+        if self._prices is not None and now - self._prices[0] < self.settings.price_cache_s:
+            return self._prices[1]
+        types = sorted({o.instance_type for o in self._catalog if o.capacity_type == "spot"})
+        prices: dict[tuple[str, str], float] = {}
+        if types:
+            resp = self._call(
+                self.ec2.describe_spot_price_history,
+                InstanceTypes=types,
+                ProductDescriptions=["Linux/UNIX"],
+                StartTime=self._now(),
+                MaxResults=1000,
+            )
+            # Newest first per (type, zone): the history is sorted by time, descending.
+            history = sorted(
+                resp.get("SpotPriceHistory", []), key=lambda h: h.get("Timestamp", 0), reverse=True
+            )
+            for h in history:
+                key = (h["InstanceType"], h["AvailabilityZone"])
+                if key not in prices:
+                    with contextlib.suppress(KeyError, ValueError):
+                        prices[key] = float(h["SpotPrice"])
+        self._prices = (now, prices)
+        return prices
+
+    # ---- errors --------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Any], **kw: Any) -> Any:
+        """Call boto3; every failure leaves as a typed ProviderError."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            NoCredentialsError,
+            ParamValidationError,
+            PartialCredentialsError,
+        )
+
+        try:
+            return fn(**kw)
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            raise map_error(str(err.get("Code", "Unknown")), str(err.get("Message", "")), status) from None
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            raise AuthError(
+                f"no usable AWS credentials ({exc}): give the control plane an IAM role or AWS_PROFILE",
+                code="NoCredentials",
+            ) from None
+        except ParamValidationError as exc:
+            raise InvalidRequest(f"EC2 request refused by boto3: {exc}", code="ParamValidation") from None
+        except BotoCoreError as exc:
+            raise TransientError(f"cannot reach EC2: {exc}", code=type(exc).__name__) from None
+
+
+def parse_interruption(body: str) -> InterruptionEvent | None:
+    """An EventBridge EC2 event (as delivered to SQS) -> an InterruptionEvent, or None."""
+    try:
+        event = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(event, dict):
+        return None
+    detail = event.get("detail") or {}
+    kind = {
+        "EC2 Spot Instance Interruption Warning": "interruption",
+        "EC2 Instance Rebalance Recommendation": "rebalance",
+    }.get(str(event.get("detail-type")))
+    iid = detail.get("instance-id") if isinstance(detail, dict) else None
+    if kind is None or not iid:
+        return None
+    at = _parse_time(event.get("time")) or datetime.now(UTC)
+    # A spot warning gives two minutes; EventBridge's event time is when it was issued.
+    deadline = _parse_time(detail.get("instance-action-time")) if kind == "interruption" else None
+    if kind == "interruption" and deadline is None:
+        deadline = at + timedelta(minutes=2)
+    return InterruptionEvent(
+        instance_id=str(iid),
+        kind="interruption" if kind == "interruption" else "rebalance",
+        at=at,
+        deadline=deadline,
+    )
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _with_price(o: Offering, price: float) -> Offering:
+    return replace(o, hourly_price=price)

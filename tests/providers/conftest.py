@@ -1,0 +1,3 @@
+"""Provider test fixtures: the moto EC2 server (once per session) lives in tests/fakes/aws.py."""
+
+from tests.fakes.aws import moto_ec2, moto_ec2_server  # noqa: F401  (fixtures)
