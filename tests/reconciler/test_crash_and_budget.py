@@ -1,0 +1,132 @@
+"""Crashes around the launch call (no duplicate, no orphan), and a team over its hard
+budget (drained by the real budgets policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.clock import ManualClock
+from autoscaler.config import AutoscalerConfig
+from autoscaler.state.db import make_engine, session_factory, transaction
+from autoscaler.state.models import Instance, SpendRecord
+from providers.base import Capabilities, LaunchRequest, Offering, ProviderInstance
+from providers.fake import FakeProvider
+from tests.reconciler.harness import make_rig, policy_service
+
+
+class Crash(BaseException):
+    """The process dies here (not an Exception: nothing in the reconciler may catch it)."""
+
+
+class CrashingProvider:
+    """The fake cloud, but the control plane dies before or after the launch call."""
+
+    def __init__(self, inner: FakeProvider, *, after_call: bool) -> None:
+        self.inner = inner
+        self.after_call = after_call
+        self.name = inner.name
+        self.capabilities = Capabilities()
+
+    def offerings(self) -> list[Offering]:
+        return self.inner.offerings()
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        if self.after_call:
+            self.inner.launch(request)
+        raise Crash()
+
+    def list(self, owner: str) -> list[ProviderInstance]:
+        return self.inner.list(owner)
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        self.inner.terminate(instance_ids)
+
+
+@pytest.fixture
+def sessions_any(db_url: str) -> sessionmaker[Session]:
+    return session_factory(make_engine(db_url))
+
+
+@pytest.mark.parametrize("after_call", [False, True], ids=["before-call", "after-call"])
+def test_crash_around_launch_never_duplicates_nor_orphans(
+    sessions_any: sessionmaker[Session],
+    config: AutoscalerConfig,
+    clock: ManualClock,
+    shipped_policy: object,
+    after_call: bool,
+) -> None:
+    rig = make_rig(sessions_any, config, clock, shipped_policy)  # type: ignore[arg-type]
+    fake = rig.fakes["gpu-pool"]
+    rig.enqueue()
+    crashing = rig.reconciler(
+        {"gpu-pool": CrashingProvider(fake, after_call=after_call), "cpu-pool": rig.fakes["cpu-pool"]}
+    )
+    with pytest.raises(Crash):
+        crashing.run_cycle()
+    (intent,) = rig.instances()
+    assert intent.state == "launching" and intent.provider_instance_id is None
+    assert len(fake.live()) == (1 if after_call else 0)
+
+    # A new process starts with nothing in memory; well past the orphan grace period.
+    clock.advance(config.reconcile.orphan_grace_s + 1)
+    res = rig.reconciler().run_cycle()
+    (inst,) = rig.instances()
+    assert inst.id == intent.id and inst.state == "booting"
+    assert len(fake.live()) == 1 and fake.live()[0].instance_id == inst.provider_instance_id
+    assert res.orphans == [] and not fake.calls_of("terminate")
+    assert (res.adopted == [inst.id]) == after_call
+
+
+def test_team_over_hard_budget_is_drained_and_frozen(
+    sqlite_sessions: sessionmaker[Session], config: AutoscalerConfig, clock: ManualClock, tmp_path: Path
+) -> None:
+    budgets = "  vision:\n    monthly_usd: 1000\n    kind: hard\n"
+    policy = policy_service(tmp_path, budgets)
+    try:
+        rig = make_rig(sqlite_sessions, config, clock, policy)
+        r = rig.reconciler()
+        task = rig.enqueue("vision")
+        r.run_cycle()
+        (inst,) = rig.instances()
+        wid = rig.register(rig.instance(inst.id))
+        r.run_cycle()
+        assert rig.lease(wid) == task
+        # The month's spend so far (from earlier instances) reaches the budget.
+        with transaction(rig.sessions) as s:
+            start = clock.now().replace(day=1, hour=0)
+            s.add(
+                SpendRecord(
+                    instance_id="earlier",
+                    team="vision",
+                    pool="gpu-pool",
+                    provider="fake",
+                    region=None,
+                    instance_type="g.1",
+                    capacity_type="on_demand",
+                    start=start,
+                    end=start + timedelta(hours=100),
+                    hourly_price=10.0,
+                    cost_usd=1000.0,
+                )
+            )
+        rig.enqueue("vision")
+        res = r.run_cycle()
+        assert res.drained == [wid]
+        assert rig.worker(wid).state == "draining"  # busy, and drained anyway: hard budget
+        assert res.launched == []
+        with rig.sessions() as s:
+            from autoscaler.state.models import DecisionRecord
+
+            row = s.get(DecisionRecord, res.decision_id)
+            assert row is not None
+            text = "\n".join(row.reasons)
+        assert "team vision" in text and "budget" in text
+        assert rig.instance(inst.id).state == "draining"
+        assert isinstance(rig.instance(inst.id), Instance)
+    finally:
+        policy.close()
