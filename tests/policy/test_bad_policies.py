@@ -13,7 +13,6 @@ from autoscaler.policy.cases import check, complete_input
 from autoscaler.policy.engines import EmbeddedEngine
 from autoscaler.policy.problems import PolicyError
 from autoscaler.policy.service import PolicyService
-
 from tests.policy.helpers import NOW, copy_policies, write_module
 
 HEADER = "package autoscaler.extra\n\nimport rego.v1\n\n"
