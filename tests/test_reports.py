@@ -7,15 +7,14 @@ import json
 from datetime import UTC, datetime
 
 import httpx
-from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from autoscaler.cli import _register, app
+from autoscaler.ledger.spend import month_to_date
 from autoscaler.reports.focus import COLUMNS, from_csv, total
 from autoscaler.reports.period import month_bounds
 from autoscaler.reports.spend import spend_lines
 from autoscaler.state.db import transaction
-from autoscaler.state.models import SpendRecord
 from tests.conftest import LiveServer, issue_token
 from tests.web.helpers import add_instance, add_spend, enqueue
 
@@ -45,13 +44,9 @@ def _ledger_rows(live_server: LiveServer) -> None:
 
 
 def _ledger_total(live_server: LiveServer, team: str | None = None) -> float:
-    """The ledger's month total: the sum of its segments that start in the month."""
-    start, end = month_bounds("2026-03")
-    stmt = select(func.sum(SpendRecord.cost_usd)).where(SpendRecord.start >= start, SpendRecord.start < end)
-    if team:
-        stmt = stmt.where(SpendRecord.team == team)
+    """The ledger's own month-to-date total for March (all teams, or one)."""
     with transaction(live_server.ctx.sessions) as s:
-        return float(s.scalar(stmt) or 0.0)
+        return sum(month_to_date(s, MARCH, team=team).values())
 
 
 def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, admin_token: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.queueing.queues import queue_stats, visible_queues
@@ -44,9 +44,13 @@ FINAL_EVENT_STATES = ("succeeded", "failed", "canceled", "interrupted", "lost")
 WORKER_GPU_METRIC = "worker_gpu_utilization_pct"
 CHART_TITLES = {
     "queue_depth": "Queue depth (tasks waiting)",
-    "fleet_size": "Fleet size (instances)",
-    "spend_usd": "Spend month-to-date (USD)",
+    "fleet_instances": "Fleet size (instances by pool/state)",
+    "spend_mtd_usd": "Spend month-to-date (USD)",
+    "burn_usd_per_hour": "Burn rate (USD/h)",
 }
+# Series keyed by team name, the only history a team member is shown: queue and
+# fleet series mix every team's work.
+TEAM_METRICS = ("spend_mtd_usd", "burn_usd_per_hour")
 
 
 @dataclass(frozen=True)
@@ -290,7 +294,7 @@ def decisions(session: Session, team: str | None, limit: int) -> list[DecisionVi
 
 
 def history(session: Session, team: str | None, now: datetime, hours: int) -> dict[str, list[Series]]:
-    """Metric -> one series per key over the last `hours`; a team sees only series keyed by its name."""
+    """Metric -> one series per key over the last `hours`; a team sees only its own team-keyed series."""
     stmt = (
         select(HistoryPoint.metric, HistoryPoint.key, HistoryPoint.at, HistoryPoint.value)
         .where(HistoryPoint.at >= now - timedelta(hours=hours), HistoryPoint.metric != WORKER_GPU_METRIC)
@@ -298,9 +302,7 @@ def history(session: Session, team: str | None, now: datetime, hours: int) -> di
         .limit(50_000)
     )
     if team is not None:
-        stmt = stmt.where(
-            or_(HistoryPoint.key == team, HistoryPoint.key.startswith(f"{team}/", autoescape=True))
-        )
+        stmt = stmt.where(HistoryPoint.key == team, HistoryPoint.metric.in_(TEAM_METRICS))
     grouped: dict[str, dict[str, list[tuple[datetime, float]]]] = defaultdict(lambda: defaultdict(list))
     for metric, key, at, value in session.execute(stmt):
         grouped[metric][key or "total"].append((at, float(value)))

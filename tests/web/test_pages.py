@@ -79,8 +79,8 @@ def test_decisions_charts_and_fleet_render_for_the_right_viewer(
         for i in range(5):
             at = now - timedelta(minutes=10 - i)
             s.add(HistoryPoint(at=at, metric="queue_depth", key="gpu", value=float(i)))
-            s.add(HistoryPoint(at=at, metric="spend_usd", key="vision", value=10.0 + i))
-            s.add(HistoryPoint(at=at, metric="spend_usd", key="nlp", value=20.0 + i))
+            s.add(HistoryPoint(at=at, metric="spend_mtd_usd", key="vision", value=10.0 + i))
+            s.add(HistoryPoint(at=at, metric="spend_mtd_usd", key="nlp", value=20.0 + i))
             s.add(HistoryPoint(at=at, metric="worker_gpu_utilization_pct", key=agent.id, value=20.0 * i))
 
     admin = _session(url, admin_token)
