@@ -16,8 +16,14 @@ from autoscaler.config import AutoscalerConfig
 from tests.web.helpers import budget_config
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 BUDGETS = {"vision": 100.0, "nlp": 1000.0}
 
@@ -29,8 +35,10 @@ def config(tmp_path: Path) -> AutoscalerConfig:
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path(os.environ["AUTOSCALER_ARTIFACTS"]) if os.environ.get("AUTOSCALER_ARTIFACTS") else (
-        tmp_path_factory.mktemp("artifacts")
+    path = (
+        Path(os.environ["AUTOSCALER_ARTIFACTS"])
+        if os.environ.get("AUTOSCALER_ARTIFACTS")
+        else (tmp_path_factory.mktemp("artifacts"))
     )
     path.mkdir(parents=True, exist_ok=True)
     return path
