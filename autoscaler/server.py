@@ -25,6 +25,7 @@ from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
 from autoscaler.config import AutoscalerConfig
 from autoscaler.errors import ConfigError
+from autoscaler.ledger.routes import router as spend_router
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
@@ -116,6 +117,8 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
 
     scheduler.add_job(housekeeping, "interval", seconds=HOUSEKEEPING_INTERVAL_S, id="housekeeping",
                       max_instances=1, coalesce=True)
+    # Spend is read-only and useful without the loop too (`autoscaler server`).
+    ctx.extras.setdefault("routers", []).append(spend_router)
     if full_loop:
         for component in COMPONENTS:
             component(runtime)
@@ -139,3 +142,11 @@ def serve(runtime: Runtime, *, announce: Callable[[str], None] = print) -> None:
         runtime.scheduler.shutdown(wait=False)
         for stop in runtime.on_stop:
             stop()
+
+
+# The full loop of `autoscaler up`, in order: the policy service, then the reconciler
+# (which evaluates through it and builds the pools' providers).
+from autoscaler.policy.component import policy_component  # noqa: E402
+from autoscaler.reconciler.component import reconciler_component  # noqa: E402
+
+COMPONENTS.extend([policy_component, reconciler_component])

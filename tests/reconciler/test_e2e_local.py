@@ -1,0 +1,104 @@
+"""End to end on one machine: `autoscaler up` (a real process: API, reconciler, embedded
+policy, local provider) with the example config; a task enqueued over HTTP launches a
+local instance (a real agent process), runs, and the idle instance is drained and
+terminated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.conftest import REPO, free_port
+
+
+def _until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; server log:\n{log.read_text()[-4000:]}")
+
+
+def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    port = free_port()
+    cfg["server"]["port"] = port
+    for pool in cfg["pools"]:
+        pool["idle_timeout_s"] = 3  # the example's 60 s, shortened for the test
+    cfg["reconcile"]["interval_s"] = 2
+    config_path = tmp_path / "autoscaler.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "up.log"
+    env = {**os.environ, "AUTOSCALER_HOME": str(tmp_path / "home")}
+    env.pop("AUTOSCALER_CONFIG", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _until("the server", healthy, 30, log)
+        token = (tmp_path / "home" / "admin.token").read_text().strip()
+        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        task = api.post(
+            "/api/v1/tasks",
+            json={
+                "queue": "gpu",
+                "gpus": 1,
+                "team": "vision",
+                "command": [sys.executable, "-c", "print(42)"],
+            },
+        ).json()
+
+        def task_state() -> str | None:
+            state = api.get(f"/api/v1/tasks/{task['id']}").json()["state"]
+            return state if state in ("succeeded", "failed", "canceled") else None
+
+        assert _until("the task to finish", task_state, 40, log) == "succeeded"
+
+        def terminated() -> list[dict[str, Any]] | None:
+            rows = api.get("/api/v1/instances", params={"include_terminated": True}).json()
+            return rows if rows and all(r["state"] == "terminated" for r in rows) else None
+
+        (inst,) = _until("the idle instance to be terminated", terminated, 40, log)
+        assert (inst["pool"], inst["team"], inst["provider"]) == ("local-gpu", "vision", "local")
+        reasons = [
+            line
+            for row in api.get("/api/v1/decisions", params={"limit": 200}).json()
+            for line in row["reasons"]
+        ]
+        assert any(r.startswith("launch 1 x on_demand/local.2gpu") for r in reasons)
+        assert any(r.startswith("drain worker") and "idle for" in r for r in reasons)
+        assert any(r.startswith("terminate instance") and "drained" in r for r in reasons)
+        spend = api.get("/api/v1/spend").json()
+        assert [t["team"] for t in spend["teams"]] == ["vision"] and spend["total_usd"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
