@@ -32,7 +32,6 @@ from autoscaler.clock import ManualClock, SystemClock
 from autoscaler.config import AutoscalerConfig, parse_config
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.state.db import make_engine, session_factory, transaction, upgrade
-
 from tests.pgserver import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,3 +204,23 @@ def live_server(ctx: AppContext) -> Iterator[LiveServer]:
     server = LiveServer(ctx).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """One real single-node Slurm cluster per session (tests/fakes/slurm.py)."""
+    import tempfile
+
+    from tests.fakes.slurm import SlurmCluster
+
+    # Not under pytest's tmp dir: munged wants every parent of its socket world-traversable.
+    root = Path(tempfile.mkdtemp(prefix="autoscaler-slurm-"))
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+    except Exception as exc:  # missing packages are installed by `make test`, never skipped
+        cluster.stop()
+        pytest.fail(f"cannot start the test Slurm cluster: {exc}")
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,388 @@
+"""Burst agents into an existing Slurm cluster: one batch job = one instance.
+
+- `launch` writes the agent's bootstrap file (from the launch's cloud-init user-data,
+  the same bytes a VM gets) and submits `sbatch` with `--gres=gpu:N`, a job name that is
+  the instance id, a `--comment` carrying the owner tag, pool and request id, `--output`
+  to the log dir and `--chdir`. The job script runs the real agent and forwards SIGTERM
+  to it, so `scancel` means "drain now" (Slurm sends SIGKILL only after `KillWait`).
+- Idempotent by request id: the instance id (job name) derives from the request id and
+  a record file is written after submission; a retry finds the record (or the queued
+  job by name, if we crashed between `sbatch` and the record) and submits nothing.
+- `list` is one `squeue` of our user's jobs, filtered by the owner in the comment. A job
+  still pending (waiting in Slurm's queue) past the boot timeout is cancelled there.
+- Without slurmdbd, finished jobs vanish from `squeue` after `MinJobAge`: a job Slurm
+  no longer knows is finished.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import getpass
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from providers.base import (
+    TAG_OWNER,
+    TAG_POOL,
+    TAG_REQUEST,
+    Capabilities,
+    CapacityError,
+    InstanceStatus,
+    InvalidRequest,
+    LaunchRequest,
+    Offering,
+    ProviderError,
+    ProviderInstance,
+    QuotaError,
+    Scope,
+    TransientError,
+)
+from providers.bootstrap import BootstrapError, parse_user_data
+from providers.slurm.settings import SlurmSettings
+
+TAG_INSTANCE = "autoscaler-instance"
+_SQUEUE_FORMAT = "%i|%j|%T|%V|%N|%k"
+_STATUS = {
+    "PENDING": InstanceStatus.PENDING,
+    "CONFIGURING": InstanceStatus.PENDING,
+    "REQUEUED": InstanceStatus.PENDING,
+    "REQUEUE_HOLD": InstanceStatus.PENDING,
+    "REQUEUE_FED": InstanceStatus.PENDING,
+    "RESIZING": InstanceStatus.PENDING,
+    "RUNNING": InstanceStatus.RUNNING,
+    "COMPLETING": InstanceStatus.STOPPING,
+    "SIGNALING": InstanceStatus.STOPPING,
+    "STAGE_OUT": InstanceStatus.STOPPING,
+    "STOPPED": InstanceStatus.STOPPING,
+    "SUSPENDED": InstanceStatus.STOPPING,
+    "PREEMPTED": InstanceStatus.PREEMPTED,
+}
+# sbatch's refusals, by what they block (message fragments as Slurm 22.05 prints them).
+_ERRORS: list[tuple[re.Pattern[str], type[ProviderError], Scope]] = [
+    (
+        re.compile(
+            r"node configuration is not available|gres.*not available|More processors requested", re.I
+        ),
+        CapacityError,
+        Scope.OFFERING,
+    ),
+    (
+        re.compile(r"MaxSubmit|AssocMax|QOSMax|accounting/QOS policy|job limit", re.I),
+        QuotaError,
+        Scope.PROVIDER,
+    ),
+    (
+        re.compile(
+            r"Unable to contact slurm controller|Socket timed out|temporarily unavailable|try again", re.I
+        ),
+        TransientError,
+        Scope.PROVIDER,
+    ),
+    (
+        re.compile(r"Invalid (partition|account|qos)|not permitted|access denied", re.I),
+        InvalidRequest,
+        Scope.PROVIDER,
+    ),
+]
+
+JOB_SCRIPT = """#!/bin/bash
+# Submitted by the GPU autoscaler: pool {pool}, request {request_id}, instance {instance_id}.
+# One agent per job. scancel sends SIGTERM: forward it to the agent, which drains
+# (finishes or hands back its task) and exits; Slurm sends SIGKILL after KillWait.
+agent_pid=""
+trap '[ -n "$agent_pid" ] && kill -TERM "$agent_pid" 2>/dev/null' TERM INT
+{command} &
+agent_pid=$!
+# `wait` returns early when a trapped signal arrives: keep waiting for the drain.
+while kill -0 "$agent_pid" 2>/dev/null; do wait "$agent_pid"; done
+wait "$agent_pid"
+"""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What `<state_dir>/<instance_id>.json` holds about one submitted job."""
+
+    instance_id: str
+    job_id: str
+    request_id: str
+    pool: str
+    owner: str
+    instance_type: str
+    submitted_at: str
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    job_id: str
+    name: str
+    state: str
+    submitted: str
+    nodes: str
+    comment: dict[str, str]
+
+
+class SlurmProvider:
+    """A pool backed by an existing Slurm cluster; see the module docstring."""
+
+    name = "slurm"
+    capabilities = Capabilities()
+
+    def __init__(self, settings: SlurmSettings, offerings: Sequence[Offering]) -> None:
+        self.settings = settings
+        self._offerings = list(offerings)
+        self._user = getpass.getuser()
+        self._env = {**os.environ}
+        if settings.slurm_conf:
+            self._env["SLURM_CONF"] = settings.slurm_conf
+
+    # ---- the Provider protocol -----------------------------------------------------
+
+    def offerings(self) -> builtins.list[Offering]:
+        return builtins.list(self._offerings)
+
+    def launch(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
+        if request.count < 1:
+            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
+        try:
+            bootstrap = parse_user_data(request.user_data)
+        except BootstrapError as exc:
+            raise InvalidRequest(
+                f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap"
+            ) from None
+        for d in (self.settings.state_dir, self.settings.log_dir, self.settings.work_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        queued: dict[str, QueuedJob] | None = None
+        out: builtins.list[ProviderInstance] = []
+        for index in range(request.count):
+            instance_id = self.instance_id(request.request_id, index)
+            record = self._read_record(instance_id)
+            if record is None:
+                if queued is None:
+                    queued = {j.name: j for j in self._squeue()}
+                job = queued.get(instance_id)
+                try:
+                    job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
+                except ProviderError:
+                    if out:
+                        break
+                    raise
+                record = self._write_record(request, instance_id, job_id)
+            out.append(self._record_view(record, InstanceStatus.PENDING))
+        return out
+
+    def list(self, owner: str) -> builtins.list[ProviderInstance]:
+        out: builtins.list[ProviderInstance] = []
+        now = datetime.now(UTC)
+        for job in self._squeue():
+            if job.comment.get(TAG_OWNER) != owner:
+                continue
+            status = _STATUS.get(job.state.split()[0])
+            if status is None:
+                continue  # finished (COMPLETED, CANCELLED, FAILED, TIMEOUT, ...)
+            record = self._read_record(job.name)
+            submitted = _parse_time(record.submitted_at) if record else _parse_local(job.submitted)
+            if (
+                status == InstanceStatus.PENDING
+                and submitted is not None
+                and (now - submitted).total_seconds() > self.settings.boot_timeout_s
+            ):
+                # Never started within the boot timeout: free the queue slot and let the
+                # reconciler plan this demand elsewhere (another pool, a cloud).
+                self._scancel([job.job_id])
+                continue
+            out.append(
+                ProviderInstance(
+                    instance_id=job.name,
+                    request_id=job.comment.get(TAG_REQUEST),
+                    pool=job.comment.get(TAG_POOL),
+                    instance_type=record.instance_type if record else "",
+                    capacity_type="on_demand",
+                    zone=job.nodes or None,
+                    status=status,
+                    launched_at=submitted,
+                    tags={**job.comment, "slurm-job-id": job.job_id},
+                )
+            )
+        return out
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        if not instance_ids:
+            return
+        job_ids: builtins.list[str] = []
+        by_name = {j.name: j.job_id for j in self._squeue()}
+        for instance_id in instance_ids:
+            if instance_id in by_name:
+                job_ids.append(by_name[instance_id])
+        # scancel answers 0 for a job that is gone: already gone = success.
+        if job_ids:
+            self._scancel(job_ids)
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def instance_id(self, request_id: str, index: int) -> str:
+        slug = re.sub(r"[^a-zA-Z0-9]+", "-", request_id).strip("-")[:24].strip("-")
+        digest = hashlib.sha256(request_id.encode()).hexdigest()[:8]
+        return "-".join(p for p in (self.settings.name_prefix, slug, digest, str(index)) if p)
+
+    def _submit(self, request: LaunchRequest, instance_id: str, bootstrap: dict[str, Any]) -> str:
+        s = self.settings
+        agent_file = s.state_dir / f"{instance_id}.agent.json"
+        # The bootstrap carries a one-time join token: readable by the job's user only.
+        fd = os.open(agent_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({**bootstrap, "instance_id": instance_id}, f, indent=2, sort_keys=True)
+        command = shlex.join([*s.agent_command, "--bootstrap", str(agent_file)])
+        script = s.state_dir / f"{instance_id}.sbatch"
+        script.write_text(
+            JOB_SCRIPT.format(
+                pool=request.pool, request_id=request.request_id, instance_id=instance_id, command=command
+            )
+        )
+        offering = request.offering
+        comment = ";".join(
+            f"{k}={v}"
+            for k, v in {
+                TAG_OWNER: request.owner,
+                TAG_POOL: request.pool,
+                TAG_REQUEST: request.request_id,
+                TAG_INSTANCE: instance_id,
+            }.items()
+        )
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={instance_id}",
+            f"--comment={comment}",
+            f"--output={s.log_dir / instance_id}-%j.log",
+            f"--chdir={s.work_dir}",
+            "--nodes=1",
+            "--ntasks=1",
+        ]
+        if offering.gpus:
+            argv.append(f"--gres=gpu:{offering.gpus}")
+        if offering.cpus:
+            argv.append(f"--cpus-per-task={offering.cpus}")
+        if offering.memory_mb:
+            argv.append(f"--mem={offering.memory_mb}M")
+        for flag, value in (
+            ("partition", s.partition),
+            ("account", s.account),
+            ("qos", s.qos),
+            ("time", s.time_limit),
+        ):
+            if value:
+                argv.append(f"--{flag}={value}")
+        argv += [*s.extra_sbatch_args, str(script)]
+        out = self._run(argv, what="sbatch")
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise TransientError(f"sbatch printed no job id: {out.strip()[:200]!r}", code="NoJobId")
+        return job_id
+
+    def _squeue(self) -> builtins.list[QueuedJob]:
+        out = self._run(
+            ["squeue", "--noheader", f"--user={self._user}", f"--format={_SQUEUE_FORMAT}"], what="squeue"
+        )
+        jobs: builtins.list[QueuedJob] = []
+        for line in out.splitlines():
+            parts = line.split("|", 5)
+            if len(parts) != 6:
+                continue
+            comment = dict(kv.split("=", 1) for kv in parts[5].split(";") if "=" in kv)
+            jobs.append(QueuedJob(parts[0].strip(), parts[1], parts[2], parts[3], parts[4], comment))
+        return jobs
+
+    def _scancel(self, job_ids: Sequence[str]) -> None:
+        self._run(["scancel", *job_ids], what="scancel")
+
+    def _run(self, argv: builtins.list[str], *, what: str) -> str:
+        try:
+            done = subprocess.run(argv, env=self._env, capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            raise InvalidRequest(
+                f"{argv[0]} not found: install the Slurm client commands (Debian: slurm-client) "
+                "on the control plane",
+                scope=Scope.PROVIDER,
+                code="MissingSlurm",
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise TransientError(f"{what} did not answer within 60 s", code="Timeout") from None
+        if done.returncode != 0:
+            raise _map_error(what, done.stderr.strip() or done.stdout.strip())
+        return done.stdout
+
+    def _record_path(self, instance_id: str) -> Path:
+        return self.settings.state_dir / f"{instance_id}.json"
+
+    def _read_record(self, instance_id: str) -> JobRecord | None:
+        try:
+            return JobRecord(**json.loads(self._record_path(instance_id).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_record(self, request: LaunchRequest, instance_id: str, job_id: str) -> JobRecord:
+        record = JobRecord(
+            instance_id=instance_id,
+            job_id=job_id,
+            request_id=request.request_id,
+            pool=request.pool,
+            owner=request.owner,
+            instance_type=request.offering.instance_type,
+            submitted_at=datetime.now(UTC).isoformat(),
+        )
+        tmp = self._record_path(instance_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record.__dict__))
+        tmp.replace(self._record_path(instance_id))
+        return record
+
+    def _record_view(self, record: JobRecord, status: InstanceStatus) -> ProviderInstance:
+        return ProviderInstance(
+            instance_id=record.instance_id,
+            request_id=record.request_id,
+            pool=record.pool,
+            instance_type=record.instance_type,
+            capacity_type="on_demand",
+            zone=None,
+            status=status,
+            launched_at=_parse_time(record.submitted_at),
+            tags={
+                TAG_OWNER: record.owner,
+                TAG_POOL: record.pool,
+                TAG_REQUEST: record.request_id,
+                "slurm-job-id": record.job_id,
+            },
+        )
+
+
+def _map_error(what: str, stderr: str) -> ProviderError:
+    message = f"{what} failed: {stderr.splitlines()[-1] if stderr else 'no output'}"
+    for pattern, kind, scope in _ERRORS:
+        if pattern.search(stderr):
+            if kind in (TransientError,):
+                return TransientError(message, code="SlurmUnavailable")
+            return kind(message, scope=scope, code="Slurm")
+    return InvalidRequest(message, code="Slurm")
+
+
+def _parse_time(value: str) -> datetime | None:
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(value)
+    return None
+
+
+def _parse_local(value: str) -> datetime | None:
+    """squeue prints local time without a zone."""
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(value).astimezone(UTC)
+    return None
