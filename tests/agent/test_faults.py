@@ -8,8 +8,6 @@ import re
 import signal
 import time
 
-import pytest
-
 from tests.agent.conftest import BOTH_BACKENDS, AgentHarness, py, wait_for
 from tests.fakes.metadata import FakeMetadata
 
@@ -36,46 +34,56 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
-def test_spot_notice_interrupts_requeues_and_another_agent_completes(
-    harness: AgentHarness, provider: str
+def test_spot_notices_on_aws_gcp_and_azure_interrupt_requeue_and_another_agent_completes(
+    harness: AgentHarness,
 ) -> None:
-    metadata = FakeMetadata(provider, instance_id=f"{provider}-vm-1").start()
+    # One spot agent per cloud, each watching its own fake metadata service; the three
+    # run side by side so the test costs one lifecycle, not three.
+    clouds = {p: FakeMetadata(p, instance_id=f"{p}-vm-1").start() for p in ("aws", "gcp", "azure")}
     try:
-        task = harness.enqueue(py(CHECKPOINTING_TASK))
-        # No --instance-id: the agent asks the (fake) metadata service, as on a real VM.
-        spot = harness.start_agent(
-            instance_id="", extra=["--provider", provider, "--metadata-url", metadata.url]
-        )
-        harness.wait_state(task, "running")
-        wait_for("a few notice polls", lambda: metadata.polls() >= 2)
-        worker = harness.worker_of(f"{provider}-vm-1")
-        metadata.arm()
+        tasks = [harness.enqueue(py(CHECKPOINTING_TASK)) for _ in clouds]
+        # No --instance-id: each agent asks its (fake) metadata service, as on a real VM.
+        agents = {
+            p: harness.start_agent(instance_id="", extra=["--provider", p, "--metadata-url", fake.url])
+            for p, fake in clouds.items()
+        }
+        for t in tasks:
+            harness.wait_state(t, "running")
+        workers = {p: harness.worker_of(f"{p}-vm-1") for p in clouds}
+        for p, fake in clouds.items():
+            wait_for(f"{p} notice polls", lambda fake=fake: fake.polls() >= 2)  # type: ignore[misc]
+            fake.arm()
 
-        assert spot.wait() == 0
-        t = harness.task(task)
-        assert t["state"] == "queued", t
-        assert [e["reason"] for e in t["events"]][-2:] == [
-            "interrupted:spot",
-            "requeued after interrupted:spot",
-        ]
-        w = harness.worker(worker["id"])
-        assert w["state"] == "gone"
-        assert "preemption notice" in spot.log()
+        for p, agent in agents.items():
+            assert agent.wait() == 0, agent.log()
+            assert "preemption notice" in agent.log()
+            # What the reconciler reads to mark the instance preempted, not merely drained.
+            row = harness.worker_row(workers[p]["id"])
+            assert (row.state, row.drain_reason, row.gone_reason) == ("gone", "spot", "deregistered")
+        for t in tasks:
+            task = harness.task(t)
+            assert task["state"] == "queued", task
+            assert [e["reason"] for e in task["events"]][-2:] == [
+                "interrupted:spot",
+                "requeued after interrupted:spot",
+            ]
 
-        harness.start_agent(instance_id="i-replacement")
-        done = harness.wait_state(task, "succeeded")
-        assert done["attempts"] == 2
-        out = harness.logs(task)
-        assert "checkpoint at attempt 1" in out and "attempt 2 on 0" in out
+        harness.start_agent(gpus=3, instance_id="i-replacement")
+        for t in tasks:
+            done = harness.wait_state(t, "succeeded")
+            assert done["attempts"] == 2
+            out = harness.logs(t)
+            assert "checkpoint at attempt 1" in out and "attempt 2 on " in out
     finally:
-        metadata.stop()
+        for fake in clouds.values():
+            fake.stop()
 
 
-def test_spot_notice_marks_the_worker_preempted_for_the_reconciler(harness: AgentHarness) -> None:
+def test_a_task_that_ignores_sigterm_on_a_spot_notice_is_killed_after_the_grace(
+    harness: AgentHarness,
+) -> None:
     metadata = FakeMetadata("aws", instance_id="i-spot").start()
     try:
-        # The task takes its time to checkpoint, so the worker is seen while it drains.
         task = harness.enqueue(
             py("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: None)\ntime.sleep(60)")
         )
@@ -85,6 +93,7 @@ def test_spot_notice_marks_the_worker_preempted_for_the_reconciler(harness: Agen
         harness.wait_state(task, "running")
         worker = harness.worker_of("i-spot")
         metadata.arm()
+        # While the task still holds on, the server already counts the worker out.
         w = wait_for(
             "worker draining", lambda: (x := harness.worker(worker["id"]))["state"] == "draining" and x
         )
@@ -92,8 +101,7 @@ def test_spot_notice_marks_the_worker_preempted_for_the_reconciler(harness: Agen
         assert agent.wait() == 0  # SIGKILL after --preempt-grace 1
         t = harness.task(task)
         assert t["state"] == "queued" and t["events"][-2]["reason"] == "interrupted:spot"
-        row = harness.worker_row(worker["id"])
-        assert row.drain_reason == "spot" and row.gone_reason == "deregistered"
+        assert t["exit_code"] == -9  # it would not checkpoint, so it was killed
     finally:
         metadata.stop()
 
