@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from autoscaler.agent.errors import AgentError
 from autoscaler.agent.settings import SimulatedGpuSpec
 from autoscaler.agent.wire import GpuInfo, GpuMetric
 
@@ -56,9 +57,7 @@ class SimulatedGpus:
 
     def inventory(self) -> list[GpuInfo]:
         return [
-            GpuInfo(
-                index=i, uuid=f"SIM-{i}", model=self.spec.model, memory_mb=self.spec.memory_mb, simulated=True
-            )
+            GpuInfo(index=i, uuid=f"SIM-{i}", model=self.spec.model, memory_mb=self.spec.memory_mb, simulated=True)
             for i in range(self.spec.count)
         ]
 
@@ -83,17 +82,22 @@ class NvmlGpus:
             cuda = None
         gpus = []
         for i in range(self._count):
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
-            gpus.append(
-                GpuInfo(
-                    index=i,
-                    uuid=_text(nv.nvmlDeviceGetUUID(handle)),
-                    model=_text(nv.nvmlDeviceGetName(handle)),
-                    memory_mb=int(nv.nvmlDeviceGetMemoryInfo(handle).total // MIB),
-                    driver_version=driver,
-                    cuda_version=cuda,
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+                gpus.append(
+                    GpuInfo(
+                        index=i,
+                        uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+                        model=_text(nv.nvmlDeviceGetName(handle)),
+                        memory_mb=int(nv.nvmlDeviceGetMemoryInfo(handle).total // MIB),
+                        driver_version=driver,
+                        cuda_version=cuda,
+                    )
                 )
-            )
+            except nv.NVMLError as exc:
+                # Registering with a GPU missing would shift every index the server hands
+                # out; a machine in this state needs a person (or a replacement), not work.
+                raise AgentError(f"GPU {i} does not answer NVML ({exc}); not registering this machine") from None
         return gpus
 
     def sample(self) -> list[GpuMetric]:

@@ -118,9 +118,7 @@ class Agent:
         self.signals += 1
 
     def _register(self) -> Registered | None:
-        join = self.s.join_token or (
-            fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None
-        )
+        join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
         if not join:
             raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
         instance_id = self.s.instance_id
@@ -145,9 +143,7 @@ class Agent:
             try:
                 return self.api.register(join, body)
             except ServerRefused as exc:
-                raise AgentError(
-                    f"the server at {self.s.server_url} refused registration: {exc.detail}"
-                ) from None
+                raise AgentError(f"the server at {self.s.server_url} refused registration: {exc.detail}") from None
             except ServerUnreachable as exc:
                 failures += 1
                 if self.clock() - first > self.t.register_timeout_s:
@@ -177,12 +173,7 @@ class Agent:
         if self.signals and self.mode == Mode.RUNNING:
             log.info("SIGTERM: draining, running tasks may go on for %.0fs", self.t.drain_deadline_s)
             self._begin_drain(now, now + self.t.drain_deadline_s)
-        if (
-            self.signals >= 2
-            and self.mode == Mode.DRAINING
-            and self.drain_deadline
-            and self.drain_deadline > now
-        ):
+        if self.signals >= 2 and self.mode == Mode.DRAINING and self.drain_deadline and self.drain_deadline > now:
             log.info("second signal: interrupting running tasks now")
             self.drain_deadline = now
 
@@ -192,9 +183,7 @@ class Agent:
         self.next_heartbeat = now  # tell the server at once
 
     def _begin_preemption(self, now: float, notice: str) -> None:
-        log.warning(
-            "preemption notice: %s; stopping %d task(s) so they can checkpoint", notice, len(self.tasks)
-        )
+        log.warning("preemption notice: %s; stopping %d task(s) so they can checkpoint", notice, len(self.tasks))
         self.mode = Mode.PREEMPTED
         for tp in self.tasks.values():
             tp.request_stop(StopRequest("spot", notice), now, self.t.preempt_grace_s)
@@ -204,9 +193,7 @@ class Agent:
         for tp in list(self.tasks.values()):
             if tp.stop is None and tp.timed_out(now):
                 log.info("task %s: timeout after %.1fs, stopping it", tp.task_id, tp.task.timeout_s or 0)
-                tp.request_stop(
-                    StopRequest("timeout", f"timeout after {tp.task.timeout_s}s"), now, self.t.kill_grace_s
-                )
+                tp.request_stop(StopRequest("timeout", f"timeout after {tp.task.timeout_s}s"), now, self.t.kill_grace_s)
             code = tp.poll(now)
             if code is None:
                 continue

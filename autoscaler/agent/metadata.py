@@ -45,9 +45,7 @@ class _Base:
         # Metadata services are link-local and never behind a proxy.
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
 
-    def _get(
-        self, path: str, headers: dict[str, str], params: dict[str, str] | None = None
-    ) -> httpx.Response:
+    def _get(self, path: str, headers: dict[str, str], params: dict[str, str] | None = None) -> httpx.Response:
         return self._http.get(path, headers=headers, params=params)
 
     def _required(self, response: httpx.Response, what: str) -> str:
@@ -70,9 +68,7 @@ class AwsImds(_Base):
     provider = "aws"
 
     def _token(self) -> str:
-        r = self._http.put(
-            "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_S)}
-        )
+        r = self._http.put("/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_S)})
         r.raise_for_status()
         return r.text.strip()
 

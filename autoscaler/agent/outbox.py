@@ -57,9 +57,7 @@ class Outbox:
             except ServerRefused as exc:
                 # The server has moved on from this task (requeued after a timeout,
                 # canceled): nothing to retry, and the heartbeat will stop it if needed.
-                log.warning(
-                    "task %s: server refused %s report (%s); dropping it", report.task_id, report.kind, exc
-                )
+                log.warning("task %s: server refused %s report (%s); dropping it", report.task_id, report.kind, exc)
             self._queue.popleft()
 
 

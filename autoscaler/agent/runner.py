@@ -89,9 +89,7 @@ def _pump(pipe: IO[bytes], stream: Literal["stdout", "stderr"], out: OutputBuffe
 
 
 class TaskProcess:
-    def __init__(
-        self, task: LeasedTask, proc: subprocess.Popen[bytes], started: float, scratch: Path | None
-    ) -> None:
+    def __init__(self, task: LeasedTask, proc: subprocess.Popen[bytes], started: float, scratch: Path | None) -> None:
         self.task = task
         self.proc = proc
         self.started = started
@@ -102,9 +100,7 @@ class TaskProcess:
         self.kill_after: float | None = None
         self.killed = False
         self._readers = [
-            threading.Thread(
-                target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{task.id}"
-            )
+            threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{task.id}")
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
             if pipe is not None
         ]

@@ -87,16 +87,12 @@ def test_a_task_that_ignores_sigterm_on_a_spot_notice_is_killed_after_the_grace(
         task = harness.enqueue(
             py("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: None)\ntime.sleep(60)")
         )
-        agent = harness.start_agent(
-            instance_id="", extra=["--provider", "aws", "--metadata-url", metadata.url]
-        )
+        agent = harness.start_agent(instance_id="", extra=["--provider", "aws", "--metadata-url", metadata.url])
         harness.wait_state(task, "running")
         worker = harness.worker_of("i-spot")
         metadata.arm()
         # While the task still holds on, the server already counts the worker out.
-        w = wait_for(
-            "worker draining", lambda: (x := harness.worker(worker["id"]))["state"] == "draining" and x
-        )
+        w = wait_for("worker draining", lambda: (x := harness.worker(worker["id"]))["state"] == "draining" and x)
         assert w["drain_deadline"] is not None
         assert agent.wait() == 0  # SIGKILL after --preempt-grace 1
         t = harness.task(task)
@@ -155,3 +151,22 @@ def test_server_outage_and_restart_do_not_disturb_running_tasks(harness: AgentHa
         assert agent.wait() == 0
     finally:
         restarted.stop()
+
+
+def test_a_worker_the_server_gave_up_on_stops_its_tasks_and_exits_2(harness: AgentHarness) -> None:
+    # A partition longer than the heartbeat timeout: the server requeued the task, so the
+    # agent must not run it on (the zombie worker of the closest peer).
+    task = harness.enqueue(py("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(60)"))
+    agent = harness.start_agent(instance_id="i-partitioned")
+    harness.wait_state(task, "running")
+    pid = int(wait_for("the task's pid", lambda: re.findall(r"pid (\d+)", harness.logs(task)))[0])
+    agent.signal(signal.SIGSTOP)
+    try:
+        wait_for("the worker to be expired", lambda: harness.expire_silent(0.5), timeout=10, every=0.2)
+    finally:
+        agent.signal(signal.SIGCONT)
+    assert agent.wait() == 2
+    assert "declared this worker gone" in agent.log()
+    assert not _alive(pid)
+    t = harness.task(task)
+    assert t["state"] == "queued" and t["events"][-2]["reason"] == "lost:heartbeat"

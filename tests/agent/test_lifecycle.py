@@ -49,9 +49,7 @@ def test_drain_lets_the_busy_task_finish_takes_no_new_one_and_exits_0(harness: A
     harness.wait_state(long, "running")
     waiting = harness.enqueue(py("print('should not run here')"), gpus=0)
     worker = harness.worker_of("i-drain")
-    r = harness.admin.post(
-        f"/api/v1/workers/{worker['id']}/drain", json={"deadline_s": 60, "reason": "scale-down"}
-    )
+    r = harness.admin.post(f"/api/v1/workers/{worker['id']}/drain", json={"deadline_s": 60, "reason": "scale-down"})
     assert r.status_code == 200, r.text
     wait_for("the agent to see the drain", lambda: "drain requested by the server" in agent.log())
     marker.write_text("go")

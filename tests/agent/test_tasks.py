@@ -75,9 +75,7 @@ def test_timeout_start_failures_and_exit_codes_are_told_apart(harness: AgentHarn
     m = harness.wait_state(missing, "failed")
     assert m["end_reason"] == "start_failed" and "No such file" in m["events"][-1]["detail"]
     n = harness.wait_state(nowhere, "failed")
-    assert (
-        n["end_reason"] == "start_failed" and "/nonexistent-dir does not exist" in n["events"][-1]["detail"]
-    )
+    assert n["end_reason"] == "start_failed" and "/nonexistent-dir does not exist" in n["events"][-1]["detail"]
 
 
 def test_lost_gpu_is_reported_in_metrics_and_the_agent_keeps_going(harness: AgentHarness) -> None:

@@ -88,9 +88,7 @@ def test_bad_bootstrap_gives_one_clear_line(tmp_path: Path, content: Any, messag
 def test_missing_bootstrap_file_and_world_readable_token_are_reported(tmp_path: Path) -> None:
     with pytest.raises(AgentError, match="does not exist"):
         read_bootstrap(tmp_path / "nope.json")
-    _, unknown, warnings = read_bootstrap(
-        _write(tmp_path, {"join_token": "asj_x", "extra_key": 1}, mode=0o644)
-    )
+    _, unknown, warnings = read_bootstrap(_write(tmp_path, {"join_token": "asj_x", "extra_key": 1}, mode=0o644))
     assert unknown == ("extra_key",) and "chmod 600" in warnings[0]
 
 
@@ -115,9 +113,7 @@ def test_finish_reports_say_why_an_attempt_ended() -> None:
     assert finish_report(None, 3) == FinishBody(reason="exit", exit_code=3)
     assert finish_report(None, -9) == FinishBody(reason="exit", exit_code=-9, detail="killed by SIGKILL")
     # Stopped by the agent for a drain or a spot notice: interrupted even after a clean exit.
-    assert finish_report(StopRequest("spot"), 0) == FinishBody(
-        reason="interrupted", exit_code=0, detail="spot"
-    )
+    assert finish_report(StopRequest("spot"), 0) == FinishBody(reason="interrupted", exit_code=0, detail="spot")
     assert finish_report(StopRequest("drain"), -15).reason == "interrupted"
     assert finish_report(StopRequest("timeout", "timeout after 5s"), -15) == FinishBody(
         reason="timeout", exit_code=-15, detail="timeout after 5s; killed by SIGTERM"
@@ -163,9 +159,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_nvml_inventory_and_metrics(fake_nvml: None) -> None:
-    nvml.install(
-        {"driver": "535.104.05", "cuda": 12020, "gpus": nvml.gpus(2, "NVIDIA H100 80GB HBM3", 81559)}
-    )
+    nvml.install({"driver": "535.104.05", "cuda": 12020, "gpus": nvml.gpus(2, "NVIDIA H100 80GB HBM3", 81559)})
     source = gpu_mod.discover()
     assert source.description == "nvml"
     inv = source.inventory()
@@ -187,6 +181,14 @@ def test_a_lost_gpu_is_an_error_in_its_metric_not_a_crash(fake_nvml: None) -> No
     script["gpus"][0]["error"] = "GpuIsLost"
     sample = source.sample()
     assert sample[0].error == "GPU is lost" and sample[1].error is None and sample[1].utilization_pct == 10
+
+
+def test_a_gpu_lost_at_boot_stops_registration_with_a_clear_error(fake_nvml: None) -> None:
+    script = {"gpus": nvml.gpus(2)}
+    script["gpus"][1]["error"] = "GpuIsLost"
+    nvml.install(script)
+    with pytest.raises(AgentError, match="GPU 1 does not answer NVML \\(GPU is lost\\)"):
+        gpu_mod.discover().inventory()
 
 
 def test_no_driver_means_no_gpus_unless_simulated(fake_nvml: None) -> None:
@@ -274,7 +276,6 @@ def test_cli_reports_a_bad_bootstrap_file_in_one_line(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert (
-        out.stderr.strip()
-        == f"error: bootstrap file {boot} is not valid JSON (line 1: Expecting property name "
+        out.stderr.strip() == f"error: bootstrap file {boot} is not valid JSON (line 1: Expecting property name "
         "enclosed in double quotes)"
     )
