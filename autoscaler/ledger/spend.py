@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -60,10 +60,12 @@ def cost(hourly_price: float, start: datetime, end: datetime) -> float:
 def accrue(session: Session, *, now: datetime, since: datetime | None = None) -> int:
     """Bring the segments of every billed instance up to `now` (or its termination).
 
-    Looks at instances still alive and those terminated since `since` (default: the
-    start of this month), in two queries. Returns the number of segments written.
+    Looks at instances still alive and those terminated since `since`, in two queries.
+    The caller passes its previous accrual time; without one (first cycle after a start)
+    the cutoff is the start of the previous month, so an instance that ended just before
+    a month boundary while nothing accrued is still charged. Returns segments written.
     """
-    cutoff = since or month_bounds(now)[0]
+    cutoff = since or month_bounds(month_bounds(now)[0] - timedelta(seconds=1))[0]
     instances = list(
         session.scalars(
             select(Instance).where(
@@ -138,9 +140,7 @@ def burn_rate(session: Session, team: str | None = None) -> dict[str, float]:
     return dict(out)
 
 
-def forecast(
-    month_to_date_usd: float, burn_usd_per_hour: float, now: datetime, period_end: datetime
-) -> float:
+def forecast(month_to_date_usd: float, burn_usd_per_hour: float, now: datetime, period_end: datetime) -> float:
     """Month-end projection: what is spent plus the current burn until the month ends."""
     hours_left = max((period_end - now).total_seconds(), 0.0) / 3600.0
     return month_to_date_usd + burn_usd_per_hour * hours_left
