@@ -30,6 +30,10 @@ def default_home() -> Path:
     return Path(os.environ.get("AUTOSCALER_HOME", Path.home() / ".autoscaler"))
 
 
+def _spot_then_on_demand() -> list[CapacityType]:
+    return ["spot", "on_demand"]
+
+
 class _Strict(BaseModel):
     # Unknown keys are almost always typos ("max_instance"); refusing them is kinder
     # than silently ignoring a limit the user believes is in force.
@@ -74,9 +78,7 @@ class PoolConfig(_Strict):
     region: str = "local"
     zones: list[str] = Field(default_factory=list)
     instance_types: list[InstanceTypeConfig] = Field(default_factory=list)
-    capacity_types: list[CapacityType] = Field(
-        default_factory=lambda: ["spot", "on_demand"], description="Preference order."
-    )
+    capacity_types: list[CapacityType] = Field(default_factory=_spot_then_on_demand, description="Preference order.")
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(10, ge=0)
     idle_timeout_s: float = Field(300, gt=0, description="An idle worker is drained after this long.")
@@ -176,7 +178,6 @@ def _format_error(path: Path, err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         lines.append(f"  at {loc}: {e['msg']}")
     return "\n".join(lines)
-
 
 
 def parse_config(text: str, source: Path) -> AutoscalerConfig:

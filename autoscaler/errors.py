@@ -45,7 +45,6 @@ class MissingExtra(AutoscalerError):
 
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
-            f"this feature needs the '{extra}' extra ({module} is not installed): "
-            f"pip install 'gpu-autoscaler[{extra}]'"
+            f"this feature needs the '{extra}' extra ({module} is not installed): pip install 'gpu-autoscaler[{extra}]'"
         )
         self.extra = extra

@@ -106,17 +106,16 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     def housekeeping() -> None:
         try:
             with transaction(ctx.sessions) as s:
-                gone = expire_silent_workers(
-                    s, now=ctx.clock.now(), timeout_s=config.reconcile.heartbeat_timeout_s
-                )
+                gone = expire_silent_workers(s, now=ctx.clock.now(), timeout_s=config.reconcile.heartbeat_timeout_s)
             if gone:
                 log.warning("workers gone after missed heartbeats: %s", [w.id for w in gone])
                 ctx.wake("workers lost")
         except Exception:
             log.exception("housekeeping failed; will retry")
 
-    scheduler.add_job(housekeeping, "interval", seconds=HOUSEKEEPING_INTERVAL_S, id="housekeeping",
-                      max_instances=1, coalesce=True)
+    scheduler.add_job(
+        housekeeping, "interval", seconds=HOUSEKEEPING_INTERVAL_S, id="housekeeping", max_instances=1, coalesce=True
+    )
     # Spend is read-only and useful without the loop too (`autoscaler server`).
     ctx.extras.setdefault("routers", []).append(spend_router)
     if full_loop:

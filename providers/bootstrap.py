@@ -27,7 +27,8 @@ AGENT_UNIT = "autoscaler-agent.service"
 JOIN_TOKEN_PREFIX = "asj_"
 # EC2 refuses user-data over 16 KiB; the others allow more, so this is the bound.
 MAX_USER_DATA_BYTES = 16384
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "agent_image" / "cloud-init.yaml.tmpl"
+# Shipped inside the package so a wheel install has it; agent_image/ links to it.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "cloud-init.yaml.tmpl"
 
 ProviderName = Literal["aws", "gcp", "azure", "local", "slurm", "static"]
 SecretKind = Literal["aws-ssm", "gcp-secret", "azure-keyvault"]

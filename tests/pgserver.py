@@ -7,6 +7,7 @@ Debian's PostgreSQL refuses to run as root, so the data directory belongs to the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -54,10 +55,13 @@ class PostgresServer:
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8")
-        opts = f"-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c listen_addresses=127.0.0.1 " \
-               f"-c port={self.port} -c unix_socket_directories={self.dir} -c max_connections=300"
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"),
-                  "-w", "start")
+        opts = (
+            f"-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c listen_addresses=127.0.0.1 "
+            f"-c port={self.port} -c unix_socket_directories={self.dir} -c max_connections=300"
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start"
+        )
         return self.url
 
     @property
@@ -69,10 +73,8 @@ class PostgresServer:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "restart")
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

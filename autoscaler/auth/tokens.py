@@ -82,8 +82,12 @@ def resolve(session: Session, plaintext: str, now: datetime) -> tuple[Principal,
     # The lookup is by digest, so timing reveals nothing about the plaintext; compare
     # anyway in constant time so a future change of lookup cannot introduce a leak.
     if row is None or not hmac.compare_digest(row.token_hash, digest):
-        raise Unauthorized("invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`")
+        raise Unauthorized(
+            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`"
+        )
     if row.revoked or (row.expires_at is not None and row.expires_at <= now):
-        raise Unauthorized("invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`")
+        raise Unauthorized(
+            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`"
+        )
     kind: TokenKind = row.kind  # type: ignore[assignment]
     return Principal(kind=kind, token_id=row.id, team=row.team, pool=row.pool, worker_id=row.worker_id), row

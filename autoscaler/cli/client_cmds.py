@@ -49,9 +49,18 @@ def enqueue(
 ) -> None:
     """Enqueue a task: `autoscaler enqueue --queue gpu --gpus 1 -- python train.py`."""
     body = {
-        "queue": queue, "command": command, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
-        "memory_mb": memory_mb, "priority": priority, "max_attempts": max_attempts, "timeout_s": timeout,
-        "env": _parse_env(env or []), "working_dir": workdir, "team": team,
+        "queue": queue,
+        "command": command,
+        "gpus": gpus,
+        "gpu_type": gpu_type,
+        "cpus": cpus,
+        "memory_mb": memory_mb,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "timeout_s": timeout,
+        "env": _parse_env(env or []),
+        "working_dir": workdir,
+        "team": team,
     }
     task = client(server, token, home).post("/api/v1/tasks", body)
     if json_out:
@@ -96,8 +105,10 @@ def task_show(
         return
     out.print(f"[bold]{task['id']}[/bold]  {task['state']}  queue={task['queue']} team={task['team']}")
     out.print(f"command: {' '.join(task['command'])}")
-    out.print(f"gpus: {task['gpus']}  attempts: {task['attempts']}/{task['max_attempts']}  "
-              f"exit: {task['exit_code']}  end: {task['end_reason']}")
+    out.print(
+        f"gpus: {task['gpus']}  attempts: {task['attempts']}/{task['max_attempts']}  "
+        f"exit: {task['exit_code']}  end: {task['end_reason']}"
+    )
     print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
 
 
@@ -178,8 +189,9 @@ def instances(
     if json_out:
         print_json(rows)
     else:
-        print_table(rows, ["id", "pool", "provider", "instance_type", "capacity_type", "zone", "state",
-                           "team", "hourly_price"])
+        print_table(
+            rows, ["id", "pool", "provider", "instance_type", "capacity_type", "zone", "state", "team", "hourly_price"]
+        )
 
 
 @token_app.command("create")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from autoscaler.cli import app
 from autoscaler.config import AutoscalerConfig, Settings, load_config
+from autoscaler.logging_setup import configure_logging
 
 # The server stack (FastAPI, SQLAlchemy, Alembic) is imported inside the commands that
 # need it, so client commands like `autoscaler tasks` start fast.
@@ -21,13 +21,12 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="autoscal
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
 
 
-def _load(config: Path | None, home: Path | None, host: str | None, port: int | None,
-          tls_upstream: bool) -> tuple[AutoscalerConfig, Path]:
+def _load(
+    config: Path | None, home: Path | None, host: str | None, port: int | None, tls_upstream: bool
+) -> tuple[AutoscalerConfig, Path]:
     settings = Settings()
     cfg = load_config(config, settings)
-    server = cfg.server.model_copy(update={
-        k: v for k, v in {"host": host, "port": port}.items() if v is not None
-    })
+    server = cfg.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     if tls_upstream:
         server = server.model_copy(update={"tls_terminated_upstream": True})
     return cfg.model_copy(update={"server": server}), (home or settings.home)
@@ -36,28 +35,39 @@ def _load(config: Path | None, home: Path | None, host: str | None, port: int | 
 Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
 Port = Annotated[int | None, typer.Option("--port", help="Listen port (default 8080).")]
 Home = Annotated[Path | None, typer.Option("--home", help="Home dir: SQLite file, logs, admin token.")]
-TlsUpstream = Annotated[bool, typer.Option("--tls-terminated-upstream",
-                                           help="Allow a non-loopback address: TLS ends in a proxy in front.")]
+TlsUpstream = Annotated[
+    bool, typer.Option("--tls-terminated-upstream", help="Allow a non-loopback address: TLS ends in a proxy in front.")
+]
 
 
 @app.command()
-def server(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
-           tls_terminated_upstream: TlsUpstream = False) -> None:
+def server(
+    config: ConfigOpt = None,
+    home: Home = None,
+    host: Host = None,
+    port: Port = None,
+    tls_terminated_upstream: TlsUpstream = False,
+) -> None:
     """Run the API server only (housekeeping included, no reconciler)."""
     from autoscaler.server import build_runtime, serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     serve(build_runtime(cfg, home_dir, full_loop=False))
 
 
 @app.command()
-def up(config: ConfigOpt = None, home: Home = None, host: Host = None, port: Port = None,
-       tls_terminated_upstream: TlsUpstream = False) -> None:
+def up(
+    config: ConfigOpt = None,
+    home: Home = None,
+    host: Host = None,
+    port: Port = None,
+    tls_terminated_upstream: TlsUpstream = False,
+) -> None:
     """Run the whole control plane on this machine (what `make run` starts)."""
     from autoscaler.server import build_runtime, serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     if config is None and Settings().config is None and EXAMPLE_CONFIG.exists():
         config = EXAMPLE_CONFIG
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)

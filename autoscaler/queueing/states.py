@@ -27,7 +27,7 @@ class TaskState(StrEnum):
 
 
 Q, L, R = TaskState.QUEUED, TaskState.LEASED, TaskState.RUNNING
-S, F, C, I, X = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED, TaskState.INTERRUPTED, TaskState.LOST
+S, F, C, INT, X = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED, TaskState.INTERRUPTED, TaskState.LOST
 
 TRANSITIONS: dict[TaskState, dict[TaskState, str]] = {
     Q: {
@@ -40,17 +40,17 @@ TRANSITIONS: dict[TaskState, dict[TaskState, str]] = {
         S: "finished before the start report arrived",
         F: "failed to start or exited non-zero",
         C: "canceled while leased",
-        I: "worker drained or preempted before start",
+        INT: "worker drained or preempted before start",
         X: "worker stopped heartbeating or lease expired",
     },
     R: {
         S: "exited 0",
         F: "exited non-zero or timed out",
         C: "canceled: the agent stopped it",
-        I: "spot notice or drain deadline: SIGTERM to checkpoint, then requeue",
+        INT: "spot notice or drain deadline: SIGTERM to checkpoint, then requeue",
         X: "worker stopped heartbeating",
     },
-    I: {Q: "requeued at the head of its queue", F: "max_attempts reached", C: "cancel was requested"},
+    INT: {Q: "requeued at the head of its queue", F: "max_attempts reached", C: "cancel was requested"},
     X: {Q: "requeued", F: "max_attempts reached", C: "cancel was requested"},
     S: {},
     F: {},

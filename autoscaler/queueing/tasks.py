@@ -92,8 +92,11 @@ def gpu_type_matches(wanted: str | None, offered: str | None) -> bool:
         return True
     if not offered:
         return False
-    norm = lambda s: s.lower().replace("nvidia", "").replace("-", " ").strip()  # noqa: E731
-    return norm(wanted) in norm(offered)
+    return _norm_gpu(wanted) in _norm_gpu(offered)
+
+
+def _norm_gpu(model: str) -> str:
+    return model.lower().replace("nvidia", "").replace("-", " ").strip()
 
 
 def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task]]:

@@ -9,7 +9,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autoscaler.api.app import create_app
-
 from tests.conftest import issue_token
 
 ROLES = ["none", "bad", "admin", "vision", "nlp", "join", "worker", "other_worker"]
@@ -29,12 +28,18 @@ def world(ctx):
     workers = {}
     for name in ("worker", "other_worker"):
         join = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
-        r = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                        json={"hostname": name, "instance_id": f"i-{name}", "provider": "fake", "pool": "gpu-pool"})
+        r = client.post(
+            "/api/v1/workers/register",
+            headers={"Authorization": f"Bearer {join}"},
+            json={"hostname": name, "instance_id": f"i-{name}", "provider": "fake", "pool": "gpu-pool"},
+        )
         assert r.status_code == 201, r.text
         tokens[name], workers[name] = r.json()["worker_token"], r.json()["worker_id"]
-    r = client.post("/api/v1/tasks", headers={"Authorization": f"Bearer {tokens['vision']}"},
-                    json={"queue": "gpu", "command": ["true"]})
+    r = client.post(
+        "/api/v1/tasks",
+        headers={"Authorization": f"Bearer {tokens['vision']}"},
+        json={"queue": "gpu", "command": ["true"]},
+    )
     assert r.status_code == 201
     return client, tokens, workers, r.json()["id"]
 
@@ -52,13 +57,21 @@ def _register_body(_w):
 USER_READ = {"admin": 200, "vision": 200, "nlp": 200}
 MATRIX = [
     ("GET", "/healthz", None, {r: 200 for r in ROLES}),
-    ("GET", "/api/v1/whoami", None, {"admin": 200, "vision": 200, "nlp": 200, "join": 200, "worker": 200,
-                                     "other_worker": 200}),
+    (
+        "GET",
+        "/api/v1/whoami",
+        None,
+        {"admin": 200, "vision": 200, "nlp": 200, "join": 200, "worker": 200, "other_worker": 200},
+    ),
     ("GET", "/api/v1/queues", None, USER_READ),
     ("GET", "/api/v1/queues/gpu", None, USER_READ),
     ("POST", "/api/v1/queues", lambda w: {"name": f"q{next(_names)}", "pools": ["gpu-pool"]}, {"admin": 201}),
-    ("POST", "/api/v1/tasks", lambda w: {"queue": "gpu", "command": ["true"]},
-     {"admin": 201, "vision": 201, "nlp": 201}),
+    (
+        "POST",
+        "/api/v1/tasks",
+        lambda w: {"queue": "gpu", "command": ["true"]},
+        {"admin": 201, "vision": 201, "nlp": 201},
+    ),
     ("GET", "/api/v1/tasks", None, USER_READ),
     ("GET", "/api/v1/tasks/{task}", None, {"admin": 200, "vision": 200, "nlp": 404}),
     ("GET", "/api/v1/tasks/{task}/logs", None, {"admin": 200, "vision": 200, "nlp": 404}),
@@ -67,10 +80,18 @@ MATRIX = [
     ("POST", "/api/v1/workers/{worker}/heartbeat", lambda w: {}, {"worker": 200, "other_worker": 404}),
     ("POST", "/api/v1/workers/{worker}/lease", lambda w: {}, {"worker": 200, "other_worker": 404}),
     ("POST", "/api/v1/workers/{worker}/tasks/{task}/start", lambda w: {}, {"worker": 404, "other_worker": 404}),
-    ("POST", "/api/v1/workers/{worker}/tasks/{task}/finish", lambda w: {"reason": "exit", "exit_code": 0},
-     {"worker": 404, "other_worker": 404}),
-    ("POST", "/api/v1/workers/{worker}/tasks/{task}/logs", lambda w: {"chunks": []},
-     {"worker": 404, "other_worker": 404}),
+    (
+        "POST",
+        "/api/v1/workers/{worker}/tasks/{task}/finish",
+        lambda w: {"reason": "exit", "exit_code": 0},
+        {"worker": 404, "other_worker": 404},
+    ),
+    (
+        "POST",
+        "/api/v1/workers/{worker}/tasks/{task}/logs",
+        lambda w: {"chunks": []},
+        {"worker": 404, "other_worker": 404},
+    ),
     ("GET", "/api/v1/workers", None, {"admin": 200}),
     ("GET", "/api/v1/workers/{worker}", None, {"admin": 200}),
     ("POST", "/api/v1/workers/{worker}/drain", lambda w: {"deadline_s": 60}, {"admin": 200}),
@@ -116,16 +137,21 @@ def test_reused_join_token_refused_for_another_instance(world) -> None:
     client, tokens, _w, _t = world
     first = _call(client, tokens, "join", "POST", "/api/v1/workers/register", _register_body(None))
     assert first.status_code == 201
-    again = _call(client, tokens, "join", "POST", "/api/v1/workers/register",
-                  {**_register_body(None), "instance_id": "i-someone-else"})
+    again = _call(
+        client,
+        tokens,
+        "join",
+        "POST",
+        "/api/v1/workers/register",
+        {**_register_body(None), "instance_id": "i-someone-else"},
+    )
     assert again.status_code == 403 and "already used" in again.json()["detail"]
 
 
 def test_expired_join_token_refused(ctx) -> None:
     client = TestClient(create_app(ctx))
     token = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(seconds=-1))
-    r = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {token}"},
-                    json=_register_body(None))
+    r = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {token}"}, json=_register_body(None))
     assert r.status_code == 401
 
 

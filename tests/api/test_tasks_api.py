@@ -8,7 +8,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autoscaler.api.app import MAX_BODY_BYTES, create_app, json_depth_exceeds
-
 from tests.conftest import issue_token
 
 
@@ -51,24 +50,41 @@ def test_json_depth_scanner_ignores_brackets_in_strings() -> None:
 
 def test_logs_round_trip_through_worker_endpoints(api) -> None:
     client, team, ctx = api
-    task = client.post("/api/v1/tasks", headers=team, json={"queue": "gpu", "command": ["echo", "hi"], "gpus": 1}).json()
+    task = client.post(
+        "/api/v1/tasks", headers=team, json={"queue": "gpu", "command": ["echo", "hi"], "gpus": 1}
+    ).json()
     join = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
-    reg = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                      json={"hostname": "h", "instance_id": "i-1", "provider": "fake", "pool": "gpu-pool",
-                            "gpus": [{"index": 0, "model": "A10G"}]}).json()
+    reg = client.post(
+        "/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {join}"},
+        json={
+            "hostname": "h",
+            "instance_id": "i-1",
+            "provider": "fake",
+            "pool": "gpu-pool",
+            "gpus": [{"index": 0, "model": "A10G"}],
+        },
+    ).json()
     worker = {"Authorization": f"Bearer {reg['worker_token']}"}
     wid = reg["worker_id"]
     leased = client.post(f"/api/v1/workers/{wid}/lease", headers=worker).json()["task"]
     assert leased["id"] == task["id"] and leased["gpu_indices"] == [0]
     assert client.post(f"/api/v1/workers/{wid}/tasks/{task['id']}/start", headers=worker).json()["state"] == "running"
-    r = client.post(f"/api/v1/workers/{wid}/tasks/{task['id']}/logs", headers=worker,
-                    json={"chunks": [{"stream": "stdout", "data": "hi\n"}, {"stream": "stderr", "data": "warn\n"}]})
+    r = client.post(
+        f"/api/v1/workers/{wid}/tasks/{task['id']}/logs",
+        headers=worker,
+        json={"chunks": [{"stream": "stdout", "data": "hi\n"}, {"stream": "stderr", "data": "warn\n"}]},
+    )
     assert r.json() == {"accepted": 2}
-    r = client.post(f"/api/v1/workers/{wid}/tasks/{task['id']}/logs", headers=worker,
-                    json={"chunks": [{"stream": "stdout", "data": "x" * 200_000}] * 2})
+    r = client.post(
+        f"/api/v1/workers/{wid}/tasks/{task['id']}/logs",
+        headers=worker,
+        json={"chunks": [{"stream": "stdout", "data": "x" * 200_000}] * 2},
+    )
     assert r.status_code == 422 and "smaller chunks" in r.json()["detail"]
-    done = client.post(f"/api/v1/workers/{wid}/tasks/{task['id']}/finish", headers=worker,
-                       json={"reason": "exit", "exit_code": 0}).json()
+    done = client.post(
+        f"/api/v1/workers/{wid}/tasks/{task['id']}/finish", headers=worker, json={"reason": "exit", "exit_code": 0}
+    ).json()
     assert done["state"] == "succeeded"
     logs = client.get(f"/api/v1/tasks/{task['id']}/logs", headers=team).json()
     assert [c["data"] for c in logs] == ["hi\n", "warn\n"]

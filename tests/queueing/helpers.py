@@ -15,20 +15,31 @@ from autoscaler.state.db import transaction
 from autoscaler.state.models import Task, Worker
 
 
-def add_worker(sessions: sessionmaker[Session], clock: ManualClock, *, pool: str = "gpu-pool", gpus: int = 1,
-               model: str = "NVIDIA A10G", instance_id: str | None = None) -> str:
+def add_worker(
+    sessions: sessionmaker[Session],
+    clock: ManualClock,
+    *,
+    pool: str = "gpu-pool",
+    gpus: int = 1,
+    model: str = "NVIDIA A10G",
+    instance_id: str | None = None,
+) -> str:
     with transaction(sessions) as s:
         _, join = create_token(s, kind="join", now=clock.now(), pool=pool, ttl=timedelta(hours=1))
         reg = Registration(
-            hostname="host", instance_id=instance_id or f"i-{join.id[:8]}", provider="fake", pool=pool,
+            hostname="host",
+            instance_id=instance_id or f"i-{join.id[:8]}",
+            provider="fake",
+            pool=pool,
             gpus=[{"index": i, "model": model, "uuid": f"GPU-{i}"} for i in range(gpus)],
         )
         worker, _token = register(s, join, reg, now=clock.now())
         return worker.id
 
 
-def add_task(sessions: sessionmaker[Session], clock: ManualClock, *, queue: str = "gpu", team: str = "vision",
-             **kw: Any) -> str:
+def add_task(
+    sessions: sessionmaker[Session], clock: ManualClock, *, queue: str = "gpu", team: str = "vision", **kw: Any
+) -> str:
     with transaction(sessions) as s:
         kw.setdefault("gpus", 1 if queue != "cpu" else 0)
         spec = ops.TaskSpec(queue=queue, command=kw.pop("command", ["echo", "hi"]), **kw)

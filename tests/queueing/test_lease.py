@@ -11,7 +11,6 @@ from autoscaler.queueing import workers as wops
 from autoscaler.queueing.states import TRANSITIONS, TaskState
 from autoscaler.state.db import transaction
 from autoscaler.state.models import TaskEvent
-
 from tests.queueing.helpers import add_task, add_worker, get_task, get_worker, lease
 
 
@@ -121,7 +120,9 @@ def test_finish_paths_and_history(setup, clock) -> None:
     assert (failed.state, failed.exit_code, failed.end_reason) == ("failed", 3, "exit_code")
     assert get_worker(s, w).state == "idle"
     with s() as sess:
-        reasons = [e.to_state for e in sess.scalars(select(TaskEvent).where(TaskEvent.task_id == ok).order_by(TaskEvent.id))]
+        reasons = [
+            e.to_state for e in sess.scalars(select(TaskEvent).where(TaskEvent.task_id == ok).order_by(TaskEvent.id))
+        ]
     assert reasons == ["queued", "leased", "running", "succeeded"]
 
 

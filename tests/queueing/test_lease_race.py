@@ -13,7 +13,6 @@ from autoscaler.clock import SystemClock
 from autoscaler.queueing import tasks as ops
 from autoscaler.state.db import make_engine, session_factory, transaction
 from autoscaler.state.models import TaskEvent
-
 from tests.conftest import make_context
 from tests.queueing.helpers import add_worker
 

@@ -17,8 +17,13 @@ def _out(row: QueueRow, stats: QueueStats | None, now_ts: float) -> QueueOut:
     stats = stats or QueueStats(0, 0, None)
     wait = now_ts - stats.oldest_enqueued.timestamp() if stats.oldest_enqueued else None
     return QueueOut(
-        name=row.name, pools=row.pools, priority=row.priority, teams=row.teams,
-        depth=stats.depth, running=stats.running, oldest_wait_s=wait,
+        name=row.name,
+        pools=row.pools,
+        priority=row.priority,
+        teams=row.teams,
+        depth=stats.depth,
+        running=stats.running,
+        oldest_wait_s=wait,
     )
 
 
@@ -52,7 +57,8 @@ def create_queue(body: QueueIn, auth: Auth, ctx: Ctx) -> QueueOut:
             raise InvalidInput(f"unknown pool(s) {unknown}; pools come from the config file")
         if s.get(QueueRow, body.name) is not None:
             raise Conflict(f"queue {body.name!r} already exists")
-        row = QueueRow(name=body.name, pools=body.pools, priority=body.priority, teams=body.teams,
-                       created_at=ctx.clock.now())
+        row = QueueRow(
+            name=body.name, pools=body.pools, priority=body.priority, teams=body.teams, created_at=ctx.clock.now()
+        )
         s.add(row)
         return _out(row, None, 0)

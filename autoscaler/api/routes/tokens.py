@@ -27,11 +27,17 @@ def create(body: TokenIn, auth: Auth, ctx: Ctx) -> TokenOut:
             raise InvalidInput(f"a join token needs a known pool (known: {known})")
         ttl = timedelta(seconds=body.ttl_s) if body.ttl_s else (DEFAULT_JOIN_TTL if body.kind == "join" else None)
         plaintext, row = create_token(
-            s, kind=body.kind, now=ctx.clock.now(), team=body.team if body.kind == "team" else None,
-            pool=body.pool if body.kind == "join" else None, ttl=ttl, name=body.name,
+            s,
+            kind=body.kind,
+            now=ctx.clock.now(),
+            team=body.team if body.kind == "team" else None,
+            pool=body.pool if body.kind == "join" else None,
+            ttl=ttl,
+            name=body.name,
         )
-        return TokenOut(id=row.id, kind=row.kind, token=plaintext, team=row.team, pool=row.pool,
-                        expires_at=row.expires_at)
+        return TokenOut(
+            id=row.id, kind=row.kind, token=plaintext, team=row.team, pool=row.pool, expires_at=row.expires_at
+        )
 
 
 @router.get("/whoami", response_model=WhoAmI)
