@@ -22,12 +22,13 @@ from providers.base import (
     TransientError,
 )
 
-# Allocation failures: the SKU (and capacity type) has no room there now.
+# Allocation failures: this VM size (and priority) has no room in that zone now; other
+# sizes, zones or Regular instead of Spot may still be allocated.
 _CAPACITY = {
     "AllocationFailed": Scope.OFFERING,
     "OverconstrainedAllocationRequest": Scope.OFFERING,
-    "OverconstrainedZonalAllocationRequest": Scope.ZONE,
-    "ZonalAllocationFailed": Scope.ZONE,
+    "OverconstrainedZonalAllocationRequest": Scope.OFFERING,
+    "ZonalAllocationFailed": Scope.OFFERING,
 }
 _QUOTA_TEXT = re.compile(r"quota|exceeding approved|cores? limit", re.IGNORECASE)
 _NOT_FOUND = {"ResourceNotFound", "NotFound", "ResourceGroupNotFound"}

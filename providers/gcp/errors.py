@@ -6,8 +6,10 @@ asynchronously in a zone operation that finishes with `error.errors[].code`
 (`ZONE_RESOURCE_POOL_EXHAUSTED`, `QUOTA_EXCEEDED`, ...). Both end up here as
 (code, message, quota metric) triples so the mapping is one table.
 
-Scopes follow SkyPilot's failover: a zone out of stock blocks that zone, a regional
-quota the region, `GPUS_ALL_REGIONS` the whole provider.
+Scopes follow SkyPilot's failover: a zone out of stock blocks the requested resources
+in that zone (the offering: machine type x provisioning model x zone, since spot and
+standard capacity run out separately), a regional quota the region, `GPUS_ALL_REGIONS`
+the whole provider.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def map_error(
         key = _norm(code)
         text = f"GCP {code} in {zone}: {message}"
         if key in CAPACITY_CODES:
-            return CapacityError(text, scope=Scope.ZONE, code=code)
+            return CapacityError(text, scope=Scope.OFFERING, code=code)
         if key in QUOTA_CODES:
             is_global = any(q in (metric or message) for q in GLOBAL_QUOTAS)
             return QuotaError(text, scope=Scope.PROVIDER if is_global else Scope.REGION, code=code)

@@ -150,7 +150,7 @@ def test_terminate_deletes_vm_with_disk_and_nic_and_gone_is_success(azure_fake: 
     [
         ("AllocationFailed", "Allocation failed.", 200, False, CapacityError, Scope.OFFERING),
         ("OverconstrainedAllocationRequest", "Allocation failed.", 200, False, CapacityError, Scope.OFFERING),
-        ("ZonalAllocationFailed", "Allocation failed in zone 1.", 200, False, CapacityError, Scope.ZONE),
+        ("ZonalAllocationFailed", "Allocation failed in zone 1.", 200, False, CapacityError, Scope.OFFERING),
         (
             "SkuNotAvailable",
             "The requested size is not available in location 'eastus'.",
@@ -161,8 +161,7 @@ def test_terminate_deletes_vm_with_disk_and_nic_and_gone_is_success(azure_fake: 
         ),
         (
             "OperationNotAllowed",
-            "Operation could not be completed as it results in exceeding approved "
-            "standardNCASv3_T4Family Cores quota.",
+            "Operation could not be completed as it results in exceeding approved standardNCASv3_T4Family Cores quota.",
             409,
             True,
             QuotaError,

@@ -25,9 +25,7 @@ from tests.fakes.gcp import GcpComputeFake
 
 ZONES = ["us-central1-a", "us-central1-b"]
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-T4_SPOT = Offering(
-    "n1-standard-8", "spot", "us-central1-a", 1, "nvidia-tesla-t4", 8, 30000, 0.15, "us-central1"
-)
+T4_SPOT = Offering("n1-standard-8", "spot", "us-central1-a", 1, "nvidia-tesla-t4", 8, 30000, 0.15, "us-central1")
 A100_OD = Offering(
     "a2-highgpu-1g", "on_demand", "us-central1-b", 1, "nvidia-tesla-a100", 12, 85000, 3.67, "us-central1"
 )
@@ -44,9 +42,7 @@ def make_provider(fake: GcpComputeFake, **options: object) -> GcpProvider:
     return GcpProvider(settings, [T4_SPOT, A100_OD], credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
 
 
-def request(
-    request_id: str, offering: Offering = T4_SPOT, count: int = 1, owner: str = "test"
-) -> LaunchRequest:
+def request(request_id: str, offering: Offering = T4_SPOT, count: int = 1, owner: str = "test") -> LaunchRequest:
     return LaunchRequest(
         request_id=request_id,
         pool="gcp-gpu",
@@ -133,9 +129,7 @@ def test_same_request_id_is_idempotent(gcp_fake: GcpComputeFake) -> None:
     # After GCP forgot the requestId (it keeps them about an hour), the deterministic
     # name still prevents a duplicate: `alreadyExists` is success.
     gcp_fake.by_request_id.clear()
-    assert [i.instance_id for i in provider.launch(request("retry-1", count=2))] == [
-        i.instance_id for i in first
-    ]
+    assert [i.instance_id for i in provider.launch(request("retry-1", count=2))] == [i.instance_id for i in first]
     assert len(gcp_fake.live()) == 2
 
 
@@ -158,9 +152,9 @@ def test_operation_is_polled_until_done(gcp_fake: GcpComputeFake) -> None:
 @pytest.mark.parametrize(
     ("code", "sync", "status", "metric", "expected", "scope"),
     [
-        ("ZONE_RESOURCE_POOL_EXHAUSTED", False, 503, "", CapacityError, Scope.ZONE),
-        ("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", False, 503, "", CapacityError, Scope.ZONE),
-        ("insufficientCapacity", True, 503, "", CapacityError, Scope.ZONE),
+        ("ZONE_RESOURCE_POOL_EXHAUSTED", False, 503, "", CapacityError, Scope.OFFERING),
+        ("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", False, 503, "", CapacityError, Scope.OFFERING),
+        ("insufficientCapacity", True, 503, "", CapacityError, Scope.OFFERING),
         ("QUOTA_EXCEEDED", False, 403, "GPUS_ALL_REGIONS", QuotaError, Scope.PROVIDER),
         ("QUOTA_EXCEEDED", False, 403, "NVIDIA_T4_GPUS", QuotaError, Scope.REGION),
         ("quotaExceeded", True, 403, "", QuotaError, Scope.REGION),
@@ -180,9 +174,7 @@ def test_error_codes_map_to_typed_errors_with_scope(
     scope: Scope,
 ) -> None:
     provider = make_provider(gcp_fake)
-    gcp_fake.fail_insert(
-        code, f"{code}: {metric or 'details'}", http_status=status, sync=sync, quota_metric=metric
-    )
+    gcp_fake.fail_insert(code, f"{code}: {metric or 'details'}", http_status=status, sync=sync, quota_metric=metric)
     with pytest.raises(ProviderError) as info:
         provider.launch(request(f"err-{code.lower()}"))
     assert type(info.value) is expected

@@ -96,9 +96,7 @@ def _own_owner(request: pytest.FixtureRequest) -> None:
 
 
 def request(request_id: str, offering: Offering = ONE_GPU, owner: str = "", count: int = 1) -> LaunchRequest:
-    return LaunchRequest(
-        request_id, "slurm-gpu", owner or OWNER, offering, count=count, user_data=user_data()
-    )
+    return LaunchRequest(request_id, "slurm-gpu", owner or OWNER, offering, count=count, user_data=user_data())
 
 
 def test_launch_submits_a_gpu_job_that_runs_the_agent_with_its_bootstrap(
@@ -180,8 +178,6 @@ def test_sbatch_refusals_are_typed(slurm: Any) -> None:
 
 def test_bad_bootstrap_and_options_are_one_line_errors(slurm: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="user-data"):
-        slurm().launch(
-            LaunchRequest("no-bootstrap", "slurm-gpu", OWNER, ONE_GPU, user_data="not: cloud-init")
-        )
+        slurm().launch(LaunchRequest("no-bootstrap", "slurm-gpu", OWNER, ONE_GPU, user_data="not: cloud-init"))
     with pytest.raises(InvalidRequest, match=r"unknown Slurm pool option\(s\) \['partiton'\]"):
         SlurmSettings.from_options({"partiton": "gpu"}, home=tmp_path, pool="p", boot_timeout_s=1)
