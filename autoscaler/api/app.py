@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from autoscaler import __version__
 from autoscaler.api.context import AppContext
+from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
+from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
 from autoscaler.api.routes import fleet, queues, tasks, tokens, workers
 from autoscaler.errors import AutoscalerError
@@ -66,6 +68,8 @@ def create_app(ctx: AppContext) -> FastAPI:
 
     @app.middleware("http")
     async def guard_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if target_has_nul(request.url.path, request.scope.get("query_string", b"")):
+            return _error(422, NUL_MESSAGE)
         if request.method in ("POST", "PUT", "PATCH"):
             declared = request.headers.get("content-length")
             if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
@@ -75,6 +79,8 @@ def create_app(ctx: AppContext) -> FastAPI:
                 return _error(413, f"request body too large; the limit is {MAX_BODY_BYTES} bytes")
             if json_depth_exceeds(body, MAX_JSON_DEPTH):
                 return _error(422, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            if body_has_nul(body):
+                return _error(422, NUL_MESSAGE)
         return await call_next(request)
 
     @app.exception_handler(AutoscalerError)
@@ -108,4 +114,5 @@ def create_app(ctx: AppContext) -> FastAPI:
         app.include_router(module.router)
     for hook in ctx.extras.get("routers", []):
         app.include_router(hook)
+    document_errors(app)
     return app

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from sqlalchemy import func, select
 
 from autoscaler.api.deps import Auth, Ctx, tx
@@ -72,7 +72,10 @@ def decisions(auth: Auth, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] 
 
 
 @router.get("/decisions/{decision_id}", response_model=DecisionOut)
-def decision(decision_id: int, auth: Auth, ctx: Ctx) -> DecisionRecord:
+def decision(
+    # Bounded: an id past 64 bits would overflow the database driver (a 500), not miss (a 404).
+    decision_id: Annotated[int, Path(ge=1, le=2**63 - 1)], auth: Auth, ctx: Ctx
+) -> DecisionRecord:
     with tx(ctx) as s:
         auth.admin(s)
         row = s.get(DecisionRecord, decision_id)

@@ -92,7 +92,7 @@ def logs(
     task_id: str,
     auth: Auth,
     ctx: Ctx,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # bounded: past 64 bits the driver overflows
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> list[LogChunkOut]:
     with tx(ctx) as s:
