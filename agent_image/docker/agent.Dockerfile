@@ -5,16 +5,15 @@
 #   docker run --gpus all -v /etc/autoscaler/agent.json:/etc/autoscaler/agent.json:ro gpu-autoscaler-agent:0.1.0
 # The agent needs only httpx, pydantic and nvidia-ml-py; NVML comes from the host driver
 # through the NVIDIA container runtime, so the image carries no driver.
-ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM python:3.12-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY autoscaler ./autoscaler
 COPY providers ./providers
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM ${PYTHON_IMAGE}
+FROM python:3.12-slim-bookworm
 COPY --from=build /wheels /wheels
 RUN python -m venv /opt/autoscaler-agent \
  && /opt/autoscaler-agent/bin/pip install --no-cache-dir "$(ls /wheels/gpu_autoscaler-*.whl)[gpu]" \

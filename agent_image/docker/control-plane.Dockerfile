@@ -3,16 +3,15 @@
 #   docker build -f agent_image/docker/control-plane.Dockerfile -t gpu-autoscaler:0.1.0 .
 # Configuration comes from a mounted file and AUTOSCALER_* variables (docs/deploy.md);
 # the database URL and admin token never go into the image.
-ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM python:3.12-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY autoscaler ./autoscaler
 COPY providers ./providers
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM ${PYTHON_IMAGE}
+FROM python:3.12-slim-bookworm
 # One venv owned by root, run as an unprivileged user: a compromise of the API cannot
 # rewrite its own code.
 COPY --from=build /wheels /wheels
