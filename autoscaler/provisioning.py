@@ -79,7 +79,42 @@ def build_provider(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) 
             raise MissingExtra("aws", "boto3") from None
         except ValueError as exc:
             raise ConfigError(f"pool {pool.name!r}: {exc}") from None
+    if kind in ("gcp", "azure", "slurm", "static"):
+        return _build_other(pool, deployment=deployment, home=home, **kw)
     raise ConfigError(
         f"pool {pool.name!r}: provider {kind!r} is not supported by this build; "
-        "use one of: fake, local, aws"
+        "use one of: fake, local, aws, gcp, azure, slurm, static"
     )
+
+
+def _build_other(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) -> Provider:
+    """GCP, Azure, Slurm and static pools; their settings errors become one-line ConfigErrors."""
+    from providers.base import ProviderError
+
+    offerings = catalog_offerings(pool)
+    try:
+        if pool.provider == "gcp":
+            from providers.gcp import GcpProvider, GcpSettings
+
+            gcp = GcpSettings.from_options(pool.options, region=pool.region, zones=pool.zones, image=pool.image)
+            return GcpProvider(gcp, offerings, **kw)
+        if pool.provider == "azure":
+            from providers.azure import AzureProvider, AzureSettings
+
+            azure = AzureSettings.from_options(pool.options, region=pool.region, image=pool.image)
+            return AzureProvider(azure, offerings, **kw)
+        if pool.provider == "slurm":
+            from providers.slurm import SlurmProvider, SlurmSettings
+
+            slurm = SlurmSettings.from_options(
+                pool.options, home=home, pool=pool.name, boot_timeout_s=pool.boot_timeout_s
+            )
+            return SlurmProvider(slurm, offerings)
+        from providers.static import StaticProvider
+
+        return StaticProvider(pool.name, deployment, offerings, pool.options)
+    except ProviderError as exc:
+        if exc.code == "MissingExtra":
+            module = {"gcp": "google-cloud-compute", "azure": "azure-mgmt-compute"}.get(pool.provider, "")
+            raise MissingExtra(pool.provider, module) from None
+        raise ConfigError(f"pool {pool.name!r}: {exc.message}") from None

@@ -1,0 +1,89 @@
+"""Static (on-prem) pools, and the factory building every provider this issue adds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoscaler.config import parse_config
+from autoscaler.errors import ConfigError
+from autoscaler.provisioning import build_provider
+from providers.azure import AzureProvider
+from providers.base import InstanceStatus, InvalidRequest, LaunchRequest
+from providers.gcp import GcpProvider
+from providers.slurm import SlurmProvider
+from providers.static import StaticProvider
+
+CONFIG = """
+deployment: hybrid
+pools:
+  - name: onprem
+    provider: static
+    instance_types: [{name: dgx, gpus: 8, gpu_type: A100}]
+    options: {machines: [{name: dgx-01, gpus: 8, gpu_type: A100}, dgx-02]}
+  - name: slurm-gpu
+    provider: slurm
+    boot_timeout_s: 300
+    instance_types: [{name: slurm.1gpu, gpus: 1}]
+    options: {partition: gpu, agent_command: [python3, -m, autoscaler, agent]}
+  - name: gcp-gpu
+    provider: gcp
+    region: us-central1
+    zones: [us-central1-a]
+    image: projects/debian-cloud/global/images/family/debian-12
+    instance_types: [{name: n1-standard-8, gpus: 1, gpu_type: nvidia-tesla-t4, on_demand_price: 0.55}]
+    options: {project: proj-1, api_endpoint: "http://127.0.0.1:9"}
+  - name: azure-gpu
+    provider: azure
+    region: eastus
+    image: "Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest"
+    instance_types: [{name: Standard_NC4as_T4_v3, gpus: 1, on_demand_price: 0.53}]
+    options: {subscription_id: s, resource_group: rg, ssh_public_key: k,
+              subnet_id: /subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/w}
+"""
+
+
+def test_factory_builds_each_provider(tmp_path: Path) -> None:
+    config = parse_config(CONFIG, Path("hybrid.yaml"))
+    built = {p.name: build_provider(p, deployment=config.deployment, home=tmp_path) for p in config.pools[:2]}
+    assert isinstance(built["onprem"], StaticProvider) and built["onprem"].capabilities.static
+    slurm = built["slurm-gpu"]
+    assert isinstance(slurm, SlurmProvider)
+    assert slurm.settings.partition == "gpu" and slurm.settings.boot_timeout_s == 300
+    assert slurm.settings.state_dir == tmp_path / "slurm" / "slurm-gpu"
+    from google.auth.credentials import AnonymousCredentials
+
+    gcp = build_provider(config.pools[2], deployment="hybrid", home=tmp_path, credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+    assert isinstance(gcp, GcpProvider) and gcp.settings.project == "proj-1"
+    azure = build_provider(config.pools[3], deployment="hybrid", home=tmp_path, credential=object())
+    assert isinstance(azure, AzureProvider) and azure.settings.resource_group == "rg"
+
+
+def test_factory_turns_bad_options_into_one_line_config_errors(tmp_path: Path) -> None:
+    config = parse_config(CONFIG.replace("project: proj-1", "projet: proj-1"), Path("hybrid.yaml"))
+    with pytest.raises(ConfigError, match=r"pool 'gcp-gpu': unknown GCP pool option\(s\) \['projet'\]") as info:
+        build_provider(config.pools[2], deployment="hybrid", home=tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_static_pool_lists_declared_machines_and_never_launches_or_terminates(tmp_path: Path) -> None:
+    config = parse_config(CONFIG, Path("hybrid.yaml"))
+    provider = build_provider(config.pools[0], deployment="hybrid", home=tmp_path)
+    listed = provider.list("hybrid")
+    assert [(i.instance_id, i.status, i.pool) for i in listed] == [
+        ("dgx-01", InstanceStatus.RUNNING, "onprem"),
+        ("dgx-02", InstanceStatus.RUNNING, "onprem"),
+    ]
+    assert provider.list("another-deployment") == []
+    with pytest.raises(InvalidRequest, match="never launched"):
+        provider.launch(LaunchRequest("r", "onprem", "hybrid", provider.offerings()[0]))
+    provider.terminate(["dgx-01"])  # a no-op: on-prem machines are drained, never powered off
+    assert [i.instance_id for i in provider.list("hybrid")] == ["dgx-01", "dgx-02"]
+
+
+def test_static_machines_are_validated() -> None:
+    with pytest.raises(InvalidRequest, match=r"machines\[0\].gpus must be a whole number"):
+        StaticProvider("p", "o", [], {"machines": [{"name": "a", "gpus": -1}]})
+    with pytest.raises(InvalidRequest, match="unique"):
+        StaticProvider("p", "o", [], {"machines": ["a", "a"]})
