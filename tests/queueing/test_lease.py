@@ -143,21 +143,23 @@ def test_interrupted_task_is_requeued_at_head_then_fails_after_max_attempts(setu
 
 def test_cancel_queued_and_running(setup, clock) -> None:
     s = setup.sessions
-    queued, running = add_task(s, clock), add_task(s, clock)
+    in_flight = add_task(s, clock)
+    clock.advance(1)
+    waiting = add_task(s, clock)
     w = add_worker(s, clock)
     t = lease(s, clock, w)
-    assert t is not None and t.id == queued
+    assert t is not None and t.id == in_flight
     with transaction(s) as sess:
-        ops.cancel(sess, sess.get(ops.Task, running), now=clock.now())  # type: ignore[arg-type]
-        ops.cancel(sess, sess.get(ops.Task, queued), now=clock.now())  # type: ignore[arg-type]
-    assert get_task(s, running).state == "canceled"
-    assert get_task(s, queued).cancel_requested and get_task(s, queued).state == "leased"
+        ops.cancel(sess, sess.get(ops.Task, waiting), now=clock.now())  # type: ignore[arg-type]
+        ops.cancel(sess, sess.get(ops.Task, in_flight), now=clock.now())  # type: ignore[arg-type]
+    assert get_task(s, waiting).state == "canceled"
+    assert get_task(s, in_flight).cancel_requested and get_task(s, in_flight).state == "leased"
     with transaction(s) as sess:
-        reply = wops.heartbeat(sess, w, now=clock.now(), running=[queued])
-    assert reply.cancel == [queued]
+        reply = wops.heartbeat(sess, w, now=clock.now(), running=[in_flight])
+    assert reply.cancel == [in_flight]
     with transaction(s) as sess:
-        ops.finish(sess, w, queued, now=clock.now(), reason="canceled")
-    assert get_task(s, queued).state == "canceled"
+        ops.finish(sess, w, in_flight, now=clock.now(), reason="canceled")
+    assert get_task(s, in_flight).state == "canceled"
 
 
 def test_silent_worker_is_gone_and_its_task_lost_then_requeued(setup, clock) -> None:
