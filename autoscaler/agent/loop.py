@@ -78,6 +78,7 @@ class Agent:
         self.base_env = task_base_env()
         self.drain_deadline: float | None = None
         self.signals = 0
+        self.signals_seen = 0
         self.failures = 0
         self.unreachable_since: float | None = None
         self.retry_at = 0.0
@@ -170,10 +171,17 @@ class Agent:
         return self._exit_code(now)
 
     def _handle_signals(self, now: float) -> None:
-        if self.signals and self.mode == Mode.RUNNING:
+        if self.signals == self.signals_seen:
+            return
+        first = self.signals_seen == 0
+        self.signals_seen = self.signals
+        if first and self.mode == Mode.RUNNING:
             log.info("SIGTERM: draining, running tasks may go on for %.0fs", self.t.drain_deadline_s)
             self._begin_drain(now, now + self.t.drain_deadline_s)
-        if self.signals >= 2 and self.mode == Mode.DRAINING and self.drain_deadline and self.drain_deadline > now:
+        elif first and self.mode == Mode.DRAINING and self.drain_deadline is not None:
+            # Already draining for the server: the stop of the service must not wait longer.
+            self.drain_deadline = min(self.drain_deadline, now + self.t.drain_deadline_s)
+        elif not first and self.mode == Mode.DRAINING:
             log.info("second signal: interrupting running tasks now")
             self.drain_deadline = now
 

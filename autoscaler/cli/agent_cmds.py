@@ -24,12 +24,8 @@ def agent(
             "default /etc/autoscaler/agent.json when it exists)."
         ),
     ] = None,
-    server: Annotated[
-        str | None, typer.Option("--server", help="Control plane URL (env AUTOSCALER_SERVER).")
-    ] = None,
-    pool: Annotated[
-        str | None, typer.Option(help="Pool this machine belongs to (env AUTOSCALER_POOL).")
-    ] = None,
+    server: Annotated[str | None, typer.Option("--server", help="Control plane URL (env AUTOSCALER_SERVER).")] = None,
+    pool: Annotated[str | None, typer.Option(help="Pool this machine belongs to (env AUTOSCALER_POOL).")] = None,
     join_token: Annotated[
         str | None,
         typer.Option(help="One-time join token (env AUTOSCALER_JOIN_TOKEN; prefer the env or file)."),
@@ -41,33 +37,23 @@ def agent(
     metadata_url: Annotated[
         str | None, typer.Option(help="Base URL of the cloud metadata service (default 169.254.169.254).")
     ] = None,
-    work_dir: Annotated[
-        Path | None, typer.Option(help="Where tasks without a working dir get scratch dirs.")
-    ] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="Where tasks without a working dir get scratch dirs.")] = None,
     max_tasks: Annotated[
-        int | None, typer.Option(min=1, help="Tasks at once; default: one per GPU, 1 without.")
+        int | None, typer.Option(min=1, max=64, help="Tasks at once; default: one per GPU, 1 without.")
     ] = None,
     heartbeat_interval: Annotated[
         float | None,
         typer.Option(min=0.01, help="Seconds between heartbeats; default: what the server says."),
     ] = None,
     lease_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between lease attempts.")] = 2.0,
-    drain_deadline: Annotated[
-        float, typer.Option(min=0, help="On SIGTERM: seconds tasks may still run.")
-    ] = 90.0,
-    kill_grace: Annotated[
-        float, typer.Option(min=0, help="SIGTERM to SIGKILL on cancel/timeout/drain.")
-    ] = 10.0,
+    drain_deadline: Annotated[float, typer.Option(min=0, help="On SIGTERM: seconds tasks may still run.")] = 90.0,
+    kill_grace: Annotated[float, typer.Option(min=0, help="SIGTERM to SIGKILL on cancel/timeout/drain.")] = 10.0,
     preempt_grace: Annotated[float, typer.Option(min=0, help="SIGTERM to SIGKILL on a spot notice.")] = 25.0,
-    notice_interval: Annotated[
-        float, typer.Option(min=0.01, help="Seconds between preemption checks.")
-    ] = 5.0,
+    notice_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between preemption checks.")] = 5.0,
     log_flush: Annotated[float, typer.Option(min=0.01, help="Seconds between task output uploads.")] = 1.0,
     request_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per call to the server.")] = 10.0,
     backoff_max: Annotated[float, typer.Option(min=0.1, help="Longest wait between retries.")] = 30.0,
-    register_timeout: Annotated[
-        float, typer.Option(min=0, help="Give up registering after this long.")
-    ] = 600.0,
+    register_timeout: Annotated[float, typer.Option(min=0, help="Give up registering after this long.")] = 600.0,
     probe: Annotated[
         bool,
         typer.Option("--probe", help="Print the GPU inventory and one metrics sample as JSON, then exit."),

@@ -69,12 +69,15 @@ def test_drain_deadline_interrupts_and_requeues_the_task(harness: AgentHarness) 
             "signal.signal(signal.SIGTERM, stop)\nprint('working', flush=True)\ntime.sleep(60)"
         )
     )
-    agent = harness.start_agent(gpus=1, instance_id="i-deadline")
+    agent = harness.start_agent(gpus=1, instance_id="i-deadline", extra=["--drain-deadline", "30"])
     harness.wait_state(task, "running")
     wait_for("output", lambda: "working" in harness.logs(task))
-    agent.signal(signal.SIGTERM)  # = drain with --drain-deadline 1
+    agent.signal(signal.SIGTERM)  # = drain: the task may run on for 30 s
+    wait_for("the drain", lambda: "SIGTERM: draining" in agent.log())
+    assert harness.task(task)["state"] == "running"
+    agent.signal(signal.SIGTERM)  # a second one: the deadline is now
 
-    assert agent.wait() == 0
+    assert agent.wait(timeout=10) == 0
     t = harness.task(task)
     # Exit 0 after SIGTERM is a checkpoint, not a success: requeued at the head of the queue.
     assert t["state"] == "queued" and t["attempts"] == 1
