@@ -36,13 +36,15 @@ resource "google_compute_instance" "control_plane" {
     block-project-ssh-keys = "true"
     enable-oslogin         = "TRUE"
     user-data = templatefile("${path.module}/templates/control-plane.cloud-init.yaml.tftpl", {
-      config_yaml    = module.config.yaml
-      policy_files   = var.policy_files
-      image          = var.control_plane_image
-      sql_connection = google_sql_database_instance.this.connection_name
-      db_user        = google_sql_user.control_plane.name
-      admin_token_id = google_secret_manager_secret.admin_token.secret_id
-      project_id     = var.project_id
+      config_yaml     = module.config.yaml
+      policy_files    = var.policy_files
+      image           = var.control_plane_image
+      sql_connection  = google_sql_database_instance.this.connection_name
+      db_user         = google_sql_user.control_plane.name
+      admin_token_id  = google_secret_manager_secret.admin_token.secret_id
+      project_id      = var.project_id
+      sql_proxy_image = var.sql_proxy_image
+      gcloud_image    = var.gcloud_image
     })
   }
 }

@@ -30,7 +30,7 @@ module "config" {
     subnetwork      = var.subnetwork
     service_account = google_service_account.agent.email
     name_prefix     = local.name
-    external_ip     = "false"
+    external_ip     = false
   }
 }
 
