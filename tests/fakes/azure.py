@@ -155,7 +155,7 @@ class AzureArmFake(RestFake):
             return _error(fault.status, fault.code, fault.message, headers)
         location = body["location"]
         vm = {
-            "id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}",  # noqa: E501
+            "id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}",
             "name": name,
             "type": "Microsoft.Compute/virtualMachines",
             "location": location,
@@ -199,7 +199,7 @@ class AzureArmFake(RestFake):
                     f"Resource {subnet} referenced by resource was not found.",
                 )
             nic = {
-                "id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Network/networkInterfaces/{name}",  # noqa: E501
+                "id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Network/networkInterfaces/{name}",
                 "name": name,
                 "location": body.get("location"),
                 "tags": body.get("tags", {}),
