@@ -1,0 +1,338 @@
+"""Load on the API from simulated agents, against a real `autoscaler server` on PostgreSQL.
+
+    .venv/bin/python bench/api_load.py --agents 250,500,1000,2000 --step-s 20 [--task-rate 200]
+
+Starts a throwaway PostgreSQL server and the real server process on 127.0.0.1 (or
+uses --pg-url), registers agents with their own join tokens, then ramps the agent
+count. Every simulated agent does what `autoscaler agent` does on the wire:
+a heartbeat every 10 s (with the ids it runs), a lease poll every 2 s while idle,
+and for each task: start, one log chunk, finish. A producer enqueues
+--task-rate tasks/s with a team token; a task "runs" --task-s seconds.
+
+For each step it prints the sustained request rate, completions/s, p50/p99 latency
+per endpoint and overall, errors, and the client's own event-loop lag (when the
+client is saturated, latency includes time waiting in the client, so the lag is
+reported next to it). The largest step whose overall p99 is under --p99-ms is
+reported. Everything is bounded: steps x step-s plus setup; only 127.0.0.1 is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIG = """
+deployment: bench
+database_url: {db}
+teams: [{{name: load}}]
+queues: [{{name: load, pools: [gpu]}}]
+pools:
+  - name: gpu
+    provider: fake
+    max_instances: 100000
+    instance_types: [{{name: g.1, gpus: 1, gpu_type: A10G, cpus: 4, memory_mb: 16000, on_demand_price: 1.0}}]
+reconcile: {{heartbeat_timeout_s: 120}}
+"""
+
+
+@dataclass
+class Stats:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    error_samples: list[str] = field(default_factory=list)
+    completions: int = 0
+    enqueued: int = 0
+    loop_lag: list[float] = field(default_factory=list)
+
+
+class Recorder:
+    """Collects into the current step's Stats; None while warming up."""
+
+    def __init__(self) -> None:
+        self.current: Stats | None = None
+        self.enqueued_total = 0
+        self.completed_total = 0
+
+    async def call(self, client: httpx.AsyncClient, kind: str, method: str, url: str, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            r = await client.request(method, url, **kw)
+            ok = r.status_code < 400
+            detail = f"{r.status_code} {r.text[:120]}"
+        except httpx.HTTPError as exc:
+            r, ok, detail = None, False, f"{type(exc).__name__}: {exc}"
+        elapsed = time.perf_counter() - t0
+        stats = self.current
+        if stats is not None:
+            stats.latencies[kind].append(elapsed)
+            if not ok:
+                stats.errors[kind] += 1
+                if len(stats.error_samples) < 5:
+                    stats.error_samples.append(f"{kind}: {detail}")
+        return r if ok else None
+
+
+class Agent:
+    def __init__(self, n: int, worker_id: str, token: str, args: argparse.Namespace, rec: Recorder) -> None:
+        self.n, self.worker_id, self.args, self.rec = n, worker_id, args, rec
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.base = f"/api/v1/workers/{worker_id}"
+        self.running: str | None = None
+
+    async def heartbeats(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        await asyncio.sleep(random.uniform(0, self.args.heartbeat_s))
+        while not stop.is_set():
+            body = {"running": [self.running] if self.running else [],
+                    "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}]}
+            await self.rec.call(client, "heartbeat", "POST", f"{self.base}/heartbeat", json=body,
+                                headers=self.headers)
+            await asyncio.sleep(self.args.heartbeat_s)
+
+    async def work(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        await asyncio.sleep(random.uniform(0, self.args.lease_s))
+        while not stop.is_set():
+            r = await self.rec.call(client, "lease", "POST", f"{self.base}/lease", headers=self.headers)
+            task = r.json().get("task") if r is not None else None
+            if task is None:
+                await asyncio.sleep(self.args.lease_s)
+                continue
+            tid = task["id"]
+            self.running = tid
+            await self.rec.call(client, "start", "POST", f"{self.base}/tasks/{tid}/start", headers=self.headers)
+            await asyncio.sleep(self.args.task_s * random.uniform(0.5, 1.5))
+            chunk = {"chunks": [{"stream": "stdout", "data": f"step done by agent {self.n}\n" * 32}]}
+            await self.rec.call(client, "logs", "POST", f"{self.base}/tasks/{tid}/logs", json=chunk,
+                                headers=self.headers)
+            done = await self.rec.call(client, "finish", "POST", f"{self.base}/tasks/{tid}/finish",
+                                       json={"reason": "exit", "exit_code": 0}, headers=self.headers)
+            self.running = None
+            if done is not None:
+                self.rec.completed_total += 1
+                if self.rec.current is not None:
+                    self.rec.current.completions += 1
+
+
+async def producer(client: httpx.AsyncClient, headers: dict[str, str], rate: float, rec: Recorder,
+                   stop: asyncio.Event, max_backlog: int, agents: list[Agent]) -> None:
+    """Enqueue at `rate`/s, but keep at most `max_backlog` tasks waiting so a slow
+    server is measured, not buried under an ever-growing queue."""
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    while not stop.is_set():
+        busy = sum(1 for a in agents if a.running)
+        if rec.enqueued_total - rec.completed_total - busy < max_backlog:
+            r = await rec.call(client, "enqueue", "POST", "/api/v1/tasks", headers=headers,
+                               json={"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1})
+            if r is not None:
+                rec.enqueued_total += 1
+                if rec.current is not None:
+                    rec.current.enqueued += 1
+        next_at += interval
+        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+
+
+async def lag_probe(rec: Recorder, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.05)
+        if rec.current is not None:
+            rec.current.loop_lag.append(time.perf_counter() - t0 - 0.05)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+async def register(client: httpx.AsyncClient, admin: dict[str, str], count: int, start: int) -> list[tuple[str, str]]:
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int) -> tuple[str, str]:
+        async with sem:
+            j = await client.post("/api/v1/tokens", headers=admin, json={"kind": "join", "pool": "gpu"})
+            j.raise_for_status()
+            r = await client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {j.json()['token']}"},
+                                  json={"hostname": f"sim-{i}", "instance_id": f"i-sim-{i}", "provider": "fake",
+                                        "pool": "gpu", "gpus": [{"index": 0, "model": "A10G", "simulated": True}]})
+            r.raise_for_status()
+            return r.json()["worker_id"], r.json()["worker_token"]
+
+    return list(await asyncio.gather(*(one(i) for i in range(start, start + count))))
+
+
+async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list[dict[str, Any]]:
+    steps = [int(x) for x in args.agents.split(",")]
+    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
+    timeout = httpx.Timeout(args.timeout_s)
+    rec = Recorder()
+    admin = {"Authorization": f"Bearer {admin_token}"}
+    results: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        team = await client.post("/api/v1/tokens", headers=admin, json={"kind": "team", "team": "load"})
+        team.raise_for_status()
+        team_headers = {"Authorization": f"Bearer {team.json()['token']}"}
+        stop = asyncio.Event()
+        agents: list[Agent] = []
+        loops: list[asyncio.Task[None]] = [asyncio.create_task(lag_probe(rec, stop))]
+        loops.append(asyncio.create_task(
+            producer(client, team_headers, args.task_rate, rec, stop, args.max_backlog, agents)))
+        for target in steps:
+            t_reg = time.perf_counter()
+            new = await register(client, admin, target - len(agents), len(agents))
+            reg_s = time.perf_counter() - t_reg
+            for wid, tok in new:
+                agent = Agent(len(agents), wid, tok, args, rec)
+                agents.append(agent)
+                loops.append(asyncio.create_task(agent.heartbeats(client, stop)))
+                loops.append(asyncio.create_task(agent.work(client, stop)))
+            rec.current = None
+            await asyncio.sleep(args.warmup_s)  # new agents spread their first calls over this
+            stats = Stats()
+            rec.current = stats
+            t0 = time.perf_counter()
+            await asyncio.sleep(args.step_s)
+            elapsed = time.perf_counter() - t0
+            rec.current = None
+            everything = [x for v in stats.latencies.values() for x in v]
+            row = {
+                "agents": target,
+                "seconds": round(elapsed, 1),
+                "requests": len(everything),
+                "rps": round(len(everything) / elapsed, 1),
+                "completions_per_s": round(stats.completions / elapsed, 1),
+                "enqueued_per_s": round(stats.enqueued / elapsed, 1),
+                "p50_ms": round(pct(everything, 0.50), 1),
+                "p99_ms": round(pct(everything, 0.99), 1),
+                "errors": sum(stats.errors.values()),
+                "client_loop_lag_p99_ms": round(pct(stats.loop_lag, 0.99), 1),
+                "registration_s": round(reg_s, 1),
+                "per_endpoint": {k: {"n": len(v), "p50_ms": round(pct(v, 0.5), 1), "p99_ms": round(pct(v, 0.99), 1),
+                                     "errors": stats.errors.get(k, 0)} for k, v in sorted(stats.latencies.items())},
+                "error_samples": stats.error_samples,
+            }
+            results.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "per_endpoint"}), flush=True)
+            if row["p99_ms"] > args.stop_above_ms:
+                print(f"p99 above {args.stop_above_ms} ms: stopping the ramp", flush=True)
+                break
+        stop.set()
+        for t in loops:
+            t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+    return results
+
+
+def start_server(db_url: str, home: Path, port: int) -> subprocess.Popen[bytes]:
+    cfg = home / "autoscaler.yaml"
+    cfg.write_text(CONFIG.format(db=db_url))
+    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed with the process
+    env = {**os.environ, "AUTOSCALER_HOME": str(home)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "autoscaler", "server", "--config", str(cfg), "--home", str(home),
+         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+    )
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], home: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {(home / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("server did not become healthy")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| agents | req/s | completions/s | p50 ms | p99 ms | errors | client loop lag p99 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['agents']} | {r['rps']} | {r['completions_per_s']} | {r['p50_ms']} | {r['p99_ms']} | "
+                     f"{r['errors']} | {r['client_loop_lag_p99_ms']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agents", default="250,500,1000,2000", help="ramp steps (cumulative agent counts)")
+    p.add_argument("--step-s", type=float, default=20.0, help="measured seconds per step")
+    p.add_argument("--warmup-s", type=float, default=10.0, help="unmeasured seconds after adding agents")
+    p.add_argument("--task-rate", type=float, default=200.0, help="tasks enqueued per second")
+    p.add_argument("--task-s", type=float, default=5.0, help="mean simulated task duration")
+    p.add_argument("--max-backlog", type=int, default=400, help="most tasks waiting at once")
+    p.add_argument("--heartbeat-s", type=float, default=10.0)
+    p.add_argument("--lease-s", type=float, default=2.0, help="lease poll interval while idle (the agent's)")
+    p.add_argument("--connections", type=int, default=200)
+    p.add_argument("--timeout-s", type=float, default=10.0)
+    p.add_argument("--p99-ms", type=float, default=100.0, help="the latency target")
+    p.add_argument("--stop-above-ms", type=float, default=2000.0, help="end the ramp once p99 passes this")
+    p.add_argument("--pg-url", help="use this PostgreSQL server (a database 'bench_load' is created)")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args(argv)
+
+    from sqlalchemy import create_engine, text
+
+    from tests.pgserver import PostgresServer, free_port
+
+    pg = None
+    server_url = args.pg_url
+    if server_url is None:
+        pg = PostgresServer()
+        server_url = pg.start()
+    admin_engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin_engine.connect() as c:
+        c.execute(text("DROP DATABASE IF EXISTS bench_load WITH (FORCE)"))
+        c.execute(text("CREATE DATABASE bench_load"))
+    db_url = server_url.rsplit("/", 1)[0] + "/bench_load"
+    home = Path(tempfile.mkdtemp(prefix="autoscaler-bench-"))
+    port = free_port()
+    proc = start_server(db_url, home, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, home)
+        admin_token = (home / "admin.token").read_text().strip()
+        results = asyncio.run(run(args, url, admin_token))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        with admin_engine.connect() as c:
+            c.execute(text("DROP DATABASE IF EXISTS bench_load WITH (FORCE)"))
+        admin_engine.dispose()
+        if pg is not None:
+            pg.stop()
+    held = [r["agents"] for r in results if r["p99_ms"] <= args.p99_ms and r["errors"] == 0]
+    print()
+    print(table(results))
+    print(f"\nlargest agent count with p99 <= {args.p99_ms:g} ms and no errors: {max(held) if held else 'none'}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
