@@ -293,7 +293,14 @@ class Agent:
 
     def _lease(self, now: float) -> None:
         while self.mode == Mode.RUNNING and len(self.tasks) < self.max_tasks:
-            task = self.api.lease()
+            try:
+                task = self.api.lease()
+            except ServerRefused as exc:
+                if exc.status in (401, 403, 404):
+                    self._gone(now, f"the server no longer knows this worker ({exc})")
+                else:
+                    log.warning("lease refused (%s); trying again in %.1fs", exc, self.t.lease_s)
+                break
             if task is None:
                 break
             log.info(

@@ -119,7 +119,10 @@ class TaskProcess:
                 raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
         else:
             scratch = cwd = work_root / f"{task.id}-{task.attempts}"
-            cwd.mkdir(parents=True, exist_ok=True)
+            try:
+                cwd.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StartFailed(f"cannot create scratch dir {cwd}: {exc.strerror or exc}") from None
         try:
             proc = subprocess.Popen(
                 task.command,

@@ -174,10 +174,12 @@ class AgentHarness:
 
         return dict(wait_for(f"task {task_id} to become {states}", check, timeout))
 
-    def logs(self, task_id: str) -> str:
+    def logs(self, task_id: str, stream: str | None = None) -> str:
+        """The task's uploaded output; stdout and stderr are separate pipes, so only
+        the order within one stream is defined."""
         r = self.admin.get(f"/api/v1/tasks/{task_id}/logs")
         assert r.status_code == 200, r.text
-        return "".join(c["data"] for c in r.json())
+        return "".join(c["data"] for c in r.json() if stream in (None, c["stream"]))
 
     def worker(self, worker_id: str) -> dict[str, Any]:
         data: dict[str, Any] = self.admin.get(f"/api/v1/workers/{worker_id}").json()

@@ -24,9 +24,9 @@ def test_agent_registers_inventory_runs_tasks_and_streams_output(harness: AgentH
     failed = harness.wait_state(bad, "failed")
     assert done["exit_code"] == 0 and done["attempts"] == 1
     assert failed["exit_code"] == 3 and failed["end_reason"] == "exit_code"
-    out = harness.logs(ok)
-    assert f"hello from {ok}" in out and "gpus 0" in out and "oops" in out
-    assert "no token" in out  # the join token is the agent's secret, never the task's
+    out = harness.logs(ok, "stdout")
+    assert out == f"hello from {ok}\ngpus 0\nno token\n"
+    assert harness.logs(ok, "stderr") == "oops\n"  # the join token is the agent's secret, never the task's
 
     worker = harness.worker_of("i-basic")
     assert worker["gpu_count"] == 2 and worker["simulated_gpus"] is False
