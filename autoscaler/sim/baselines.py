@@ -1,0 +1,275 @@
+"""Reference points computed on the same workload, prices, boot delays and spot
+reclaim rates as our run:
+
+- `lower_bound`: every task's GPU-seconds at the cheapest per-GPU price of any
+  offering that fits it; no boot, no idle, no loss. No system can do better.
+- `clearml_style`: the closest peer's open-source autoscaler as documented
+  (see shared/design/anchors.md): a queue per task shape, polled every 5 min; each
+  poll launches `backlog - idle - booting` workers of the queue's resource (spot first,
+  on-demand when spot is not offered), one task per worker, a worker idle for 15 min is
+  terminated; a preempted task is lost and resubmitted by hand 2 h later.
+- `static_fleet`: on-demand machines sized to the peak of concurrent GPU demand,
+  running from the first arrival to the last completion, first-fit with backfill.
+
+These are models of other systems, not copies of our logic: they share only the
+summary arithmetic (`summary.summarize`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoscaler.config import AutoscalerConfig
+from autoscaler.provisioning import catalog_offerings
+from autoscaler.sim.engine import SimSettings
+from autoscaler.sim.summary import Span, TaskResult, summarize
+from autoscaler.sim.workload import TraceTask, Workload
+from providers.base import Offering
+
+CLEARML_POLL_S = 300.0
+CLEARML_IDLE_S = 900.0
+CLEARML_RESUBMIT_S = 7200.0
+
+
+def offerings(config: AutoscalerConfig) -> list[Offering]:
+    seen: dict[tuple[str, str], Offering] = {}
+    for p in config.pools:
+        for o in catalog_offerings(p):
+            seen.setdefault((o.instance_type, o.capacity_type), o)
+    return list(seen.values())
+
+
+def lower_bound(workload: Workload, config: AutoscalerConfig) -> float:
+    offers = offerings(config)
+    per_gpu: dict[int, float] = {}
+    total = 0.0
+    for t in workload.tasks:
+        if t.gpus not in per_gpu:
+            fits = [o.hourly_price / o.gpus for o in offers if o.gpus >= t.gpus]
+            per_gpu[t.gpus] = min(fits) if fits else math.inf
+        total += t.gpus * t.duration_s / 3600.0 * per_gpu[t.gpus]
+    return round(total, 2)
+
+
+def _resource(offers: list[Offering], gpus: int) -> Offering:
+    """The instance a user would list for a queue of `gpus`-GPU tasks: the smallest
+    machine that fits, spot if offered (ClearML tries the list in order)."""
+    fits = [o for o in offers if o.gpus >= gpus]
+    smallest = min(o.gpus for o in fits)
+    fits = [o for o in fits if o.gpus == smallest]
+    return min(fits, key=lambda o: (o.capacity_type != "spot", o.hourly_price))
+
+
+@dataclass
+class _Worker:
+    id: int
+    queue: int
+    offering: Offering
+    launched: float
+    ready: float | None = None
+    task: int | None = None
+    idle_since: float | None = None
+    end: float | None = None
+    team: str = ""
+    charged_until: float = 0.0
+    charges: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def charge(self, until: float) -> None:
+        self.charges[self.team] += self.offering.hourly_price * (until - self.charged_until) / 3600.0
+        self.charged_until = until
+
+
+@dataclass
+class _Job:
+    trace: TraceTask
+    queued_at: float
+    wait_s: float = 0.0
+    started: bool = False
+    done: bool = False
+
+
+def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSettings) -> dict[str, Any]:
+    rng = random.Random(settings.seed + 1)
+    offers = offerings(config)
+    jobs = [_Job(t, t.arrival_s) for t in workload.tasks]
+    shapes = sorted({t.gpus for t in workload.tasks})
+    resource = {g: _resource(offers, g) for g in shapes}
+    queues: dict[int, deque[int]] = {g: deque() for g in shapes}
+    workers: dict[int, _Worker] = {}
+    ids = itertools.count()
+    heap: list[tuple[float, int, int, str, int]] = []  # (t, order, seq, kind, ref)
+    seq = itertools.count()
+    order = {"arrive": 0, "preempt": 1, "ready": 2, "finish": 3, "poll": 4}
+
+    def push(t: float, kind: str, ref: int) -> None:
+        heapq.heappush(heap, (t, order[kind], next(seq), kind, ref))
+
+    for i, j in enumerate(jobs):
+        push(j.trace.arrival_s, "arrive", i)
+    first = min((t.arrival_s for t in workload.tasks), default=0.0)
+    push(first, "poll", 0)
+    used_gpu_s = lost_usd = 0.0
+    counts = {"launches": 0, "spot_launches": 0, "on_demand_launches": 0, "fallbacks": 0,
+              "preemptions": 0, "lost_tasks_resubmitted": 0}
+    pending_jobs = len(jobs)
+    now = 0.0
+
+    def take(w: _Worker) -> None:
+        q = queues[w.queue]
+        if q and w.task is None and w.ready is not None and w.end is None:
+            ji = q.popleft()
+            job = jobs[ji]
+            job.wait_s += now - job.queued_at
+            job.started = True
+            w.charge(now)
+            w.team, w.task, w.idle_since = job.trace.team, ji, None
+            push(now + job.trace.duration_s, "finish", w.id)
+            w_start[w.id] = now
+
+    w_start: dict[int, float] = {}
+    while heap:
+        now, _, _, kind, ref = heapq.heappop(heap)
+        if kind == "arrive":
+            job = jobs[ref]
+            job.queued_at = now
+            queues[job.trace.gpus].append(ref)
+            for w in workers.values():
+                if w.queue == job.trace.gpus and w.task is None:
+                    take(w)
+        elif kind == "ready":
+            w = workers[ref]
+            if w.end is None:
+                w.ready, w.idle_since = now, now
+                take(w)
+        elif kind == "finish":
+            w = workers[ref]
+            if w.end is not None or w.task is None:
+                continue
+            job = jobs[w.task]
+            used_gpu_s += job.trace.gpus * (now - w_start[w.id])
+            job.done = True
+            pending_jobs -= 1
+            w.task, w.idle_since = None, now
+            take(w)
+        elif kind == "preempt":
+            w = workers[ref]
+            if w.end is not None:
+                continue
+            counts["preemptions"] += 1
+            w.charge(now)
+            w.end = now
+            if w.task is not None:
+                job = jobs[w.task]
+                ran = now - w_start[w.id]
+                used_gpu_s += job.trace.gpus * ran
+                lost_usd += job.trace.gpus * ran / 3600.0 * w.offering.hourly_price / w.offering.gpus
+                # Lost: resubmitted by hand 2 h later; those 2 h are waiting too.
+                counts["lost_tasks_resubmitted"] += 1
+                push(now + CLEARML_RESUBMIT_S, "arrive", w.task)
+                job.wait_s += CLEARML_RESUBMIT_S
+                w.task = None
+        elif kind == "poll":
+            for w in workers.values():
+                if w.end is None and w.task is None and w.idle_since is not None and now - w.idle_since >= CLEARML_IDLE_S:
+                    w.charge(now)
+                    w.end = now
+            for g, q in queues.items():
+                idle = sum(1 for w in workers.values() if w.queue == g and w.end is None and w.ready is not None and w.task is None)
+                booting = sum(1 for w in workers.values() if w.queue == g and w.end is None and w.ready is None)
+                for _ in range(max(len(q) - idle - booting, 0)):
+                    o = resource[g]
+                    w = _Worker(next(ids), g, o, now, team=jobs[q[0]].trace.team, charged_until=now)
+                    workers[w.id] = w
+                    counts["launches"] += 1
+                    counts["spot_launches" if o.capacity_type == "spot" else "on_demand_launches"] += 1
+                    lo, hi = settings.boot_delay_s
+                    push(now + rng.uniform(lo, hi), "ready", w.id)
+                    rate = settings.preemption_by_zone.get(o.zone or "", settings.preemption_per_hour)
+                    if o.capacity_type == "spot" and rate > 0:
+                        push(now + rng.expovariate(rate) * 3600.0, "preempt", w.id)
+            alive = any(w.end is None for w in workers.values())
+            if pending_jobs > 0 or alive:
+                push(now + CLEARML_POLL_S, "poll", 0)
+    spans: list[Span] = []
+    team_costs: dict[str, float] = defaultdict(float)
+    for w in workers.values():
+        end = w.end if w.end is not None else now
+        if w.end is None:
+            w.charge(end)
+        for team, usd in w.charges.items():
+            team_costs[team] += usd
+        spans.append(Span(w.team, w.offering.gpus, w.offering.hourly_price, w.launched, end, w.ready))
+    results = [TaskResult(j.trace.team, j.wait_s, j.done, j.started) for j in jobs]
+    return summarize(results, spans, used_gpu_s=used_gpu_s, lost_usd=lost_usd, counts=counts,
+                     team_costs=dict(team_costs))
+
+
+def peak_gpus(workload: Workload) -> int:
+    """Most GPUs asked for at once if every task started on arrival."""
+    events = sorted([(t.arrival_s, t.gpus) for t in workload.tasks]
+                    + [(t.arrival_s + t.duration_s, -t.gpus) for t in workload.tasks],
+                    key=lambda e: (e[0], e[1]))
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def static_fleet(workload: Workload, config: AutoscalerConfig) -> dict[str, Any]:
+    offers = [o for o in offerings(config) if o.capacity_type == "on_demand"]
+    node = min(offers, key=lambda o: (-o.gpus, o.hourly_price / o.gpus))
+    n_nodes = max(math.ceil(peak_gpus(workload) / node.gpus), 1)
+    free = [node.gpus] * n_nodes
+    heap: list[tuple[float, int, int, int]] = []  # (finish time, seq, node, task index)
+    seq = itertools.count()
+    tasks = list(workload.tasks)
+    waiting: list[int] = []
+    results: list[TaskResult | None] = [None] * len(tasks)
+    gpu_s_by_team: dict[str, float] = defaultdict(float)
+    i = 0
+    now = 0.0
+
+    def schedule() -> None:
+        still: list[int] = []
+        for ti in waiting:
+            t = tasks[ti]
+            n = next((k for k in range(n_nodes) if free[k] >= t.gpus), None)
+            if n is None:
+                still.append(ti)
+                continue
+            free[n] -= t.gpus
+            heapq.heappush(heap, (now + t.duration_s, next(seq), n, ti))
+            results[ti] = TaskResult(t.team, now - t.arrival_s, True, True)
+            gpu_s_by_team[t.team] += t.gpus * t.duration_s
+        waiting[:] = still
+
+    while i < len(tasks) or heap:
+        t_arr = tasks[i].arrival_s if i < len(tasks) else math.inf
+        t_fin = heap[0][0] if heap else math.inf
+        now = min(t_arr, t_fin)
+        while heap and heap[0][0] <= now:
+            _, _, n, ti = heapq.heappop(heap)
+            free[n] += tasks[ti].gpus
+        while i < len(tasks) and tasks[i].arrival_s <= now:
+            waiting.append(i)
+            i += 1
+        schedule()
+    start = min((t.arrival_s for t in tasks), default=0.0)
+    spans = [Span("shared", node.gpus, node.hourly_price, start, now, start) for _ in range(n_nodes)]
+    total_cost = sum(s.cost for s in spans)
+    used = sum(gpu_s_by_team.values()) or 1.0
+    team_costs = {team: total_cost * g / used for team, g in gpu_s_by_team.items()}
+    final = [r for r in results if r is not None]
+    report = summarize(final, spans, used_gpu_s=sum(gpu_s_by_team.values()), lost_usd=0.0,
+                       counts={"launches": n_nodes, "spot_launches": 0, "on_demand_launches": n_nodes,
+                               "fallbacks": 0, "preemptions": 0},
+                       team_costs=team_costs)
+    report["fleet"] = {"instance_type": node.instance_type, "instances": n_nodes, "peak_gpus": peak_gpus(workload)}
+    return report

@@ -1,0 +1,525 @@
+"""The discrete-event loop: trace arrivals, boots, task completions, drain deadlines,
+spot notices and reclaims on a heap of virtual times, and the REAL `Reconciler.run_cycle`
+(observe -> policy -> plan -> act -> record) whenever something changed, at most once
+per reconcile interval of virtual time.
+
+Nothing here decides what to launch, drain or terminate: the reconciler does, against
+the fake provider (which stands for the cloud) and a database the simulated agents
+share with it. The simulator only plays the world: how long a boot takes, when a spot
+machine is reclaimed, how long a task runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import IntEnum
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.clock import ManualClock
+from autoscaler.config import AutoscalerConfig
+from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
+from autoscaler.provisioning import catalog_offerings
+from autoscaler.queueing import tasks as task_ops
+from autoscaler.queueing.queues import sync_from_config
+from autoscaler.reconciler.cycle import CycleResult, Reconciler
+from autoscaler.sim.agents import AgentOps, SimAgent
+from autoscaler.sim.workload import TraceTask, Workload
+from autoscaler.state.db import transaction
+from autoscaler.state.models import Instance, Worker
+from providers.base import Provider
+from providers.fake import FakeProvider
+
+SIM_START = datetime(2026, 1, 1, tzinfo=UTC)
+# Spot notice per cloud (shared/data/README.md): AWS 2 min, GCP and Azure 30 s.
+NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+
+
+class Ev(IntEnum):
+    # Order breaks ties at equal times: the world moves before agents react to it.
+    PREEMPT = 0
+    ARRIVE = 1
+    REGISTER = 2
+    FINISH = 3
+    DEADLINE = 4
+    WAKE = 5
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    seed: int = 0
+    # Boot to registered: uniform in this range (baked image: 1-5 min).
+    boot_delay_s: tuple[float, float] = (60.0, 300.0)
+    # Spot reclaims per instance-hour, per zone; zones not listed use `preemption_per_hour`.
+    # SkyPilot's traces: 41-60 reclaims per zone in ~7 days for one node (0.24-0.36/h).
+    preemption_per_hour: float = 0.24
+    preemption_by_zone: Mapping[str, float] = field(default_factory=dict)
+    notice_s: float | None = None  # None: per the pool's cloud (`NOTICE_S`), else 120 s
+    # A cycle runs at least this often while anything is queued or alive, so budgets,
+    # month turns and timeouts are noticed even when no event arrives.
+    tick_s: float = 3600.0
+    max_attempts: int = 3
+    # Stop this long after the last arrival even if work is still held (counted unfinished).
+    horizon_after_last_arrival_s: float = 60 * 86400.0
+    start: datetime = SIM_START
+
+
+class RecordingPolicy:
+    """The real engine, plus a note of each decision (alerts, freezes) for the report."""
+
+    def __init__(self, inner: PolicyEngine) -> None:
+        self.inner = inner
+        self.last: EvaluationResult | None = None
+
+    @property
+    def revision(self) -> str:
+        return self.inner.revision
+
+    def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
+        self.last = self.inner.evaluate(policy_input)
+        return self.last
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass
+class TaskTrack:
+    trace: TraceTask
+    queued_since: float
+    wait_s: float = 0.0
+    started_s: float | None = None
+    finished_s: float | None = None
+    state: str = "queued"
+    attempts: int = 0
+    lost_usd: float = 0.0
+    lost_gpu_s: float = 0.0
+    ran_gpu_s: float = 0.0
+
+
+@dataclass
+class InstanceTrack:
+    id: str
+    pool: str
+    team: str | None
+    gpus: int
+    capacity_type: str
+    zone: str | None
+    price: float
+    launched_s: float
+    ready_s: float | None = None
+    preempted: bool = False
+
+
+@dataclass
+class Sample:
+    t_s: float
+    instances: int
+    gpus: int
+    queued: int
+    running: int
+
+
+@dataclass
+class CycleNote:
+    t_s: float
+    frozen: tuple[str, ...]
+    drained: tuple[str, ...]
+    alerts: tuple[tuple[str, str, float, str], ...]  # team, level, threshold, basis
+    weights: Mapping[str, float]
+    launches: int
+    launch_errors: int
+
+
+@dataclass
+class SimOutcome:
+    workload: Workload
+    config: AutoscalerConfig
+    settings: SimSettings
+    end_s: float
+    tasks: dict[str, TaskTrack]
+    instances: dict[str, InstanceTrack]
+    samples: list[Sample]
+    cycles: list[CycleNote]
+    team_gpu_s: dict[str, float]
+    preemptions: int
+    sessions: sessionmaker[Session]
+    wall_s: float = 0.0
+    keepalive: Any = None  # the database and its tmp dir, alive as long as the outcome
+
+
+Progress = Callable[[float, float], None]  # (virtual seconds done, virtual seconds expected)
+
+
+class Simulation:
+    def __init__(
+        self,
+        workload: Workload,
+        config: AutoscalerConfig,
+        policy: PolicyEngine,
+        sessions: sessionmaker[Session],
+        settings: SimSettings | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
+        self.workload = workload
+        self.config = config
+        self.settings = settings or SimSettings()
+        self.sessions = sessions
+        self.progress = progress
+        self.rng = random.Random(self.settings.seed)
+        self.clock = ManualClock(self.settings.start)
+        self.policy = RecordingPolicy(policy)
+        self.fakes: dict[str, FakeProvider] = {
+            p.name: FakeProvider(
+                catalog_offerings(p),
+                name=f"sim:{p.name}",
+                clock=self.clock.now,
+                record_calls=False,
+                id_prefix=f"{p.name}-",
+            )
+            for p in config.pools
+        }
+        providers: dict[str, Provider] = dict(self.fakes)
+        self.reconciler = Reconciler(sessions, config, self.clock, providers, self.policy)
+        self.ops = AgentOps(sessions)
+        self.interval = config.reconcile.interval_s
+        self.now_s = 0.0
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self.agents: dict[str, SimAgent] = {}
+        self.agent_by_instance: dict[str, str] = {}
+        self.tasks: dict[str, TaskTrack] = {}
+        self.instances: dict[str, InstanceTrack] = {}
+        self.live_instances: set[str] = set()
+        self.samples: list[Sample] = []
+        self.cycles: list[CycleNote] = []
+        self.team_gpu_s: dict[str, float] = {}
+        self.preemptions = 0
+        self._queued = 0
+        self._running = 0
+        self._tick_at: float | None = None
+        self._idle_wakes: set[float] = set()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> SimOutcome:
+        with transaction(self.sessions) as s:
+            sync_from_config(s, self.config, now=self.clock.now())
+        by_time: dict[float, list[TraceTask]] = {}
+        for t in self.workload.tasks:
+            by_time.setdefault(t.arrival_s, []).append(t)
+        for at, batch in by_time.items():
+            self._push(at, Ev.ARRIVE, batch)
+        last_arrival = max(by_time, default=0.0)
+        expected = last_arrival + max((t.duration_s for t in self.workload.tasks), default=0.0)
+        stop_at = last_arrival + self.settings.horizon_after_last_arrival_s
+        last_cycle = -math.inf
+        dirty = True
+        while True:
+            next_ev = self._heap[0][0] if self._heap else math.inf
+            if dirty:
+                t_cycle = max(last_cycle + self.interval, self.now_s)
+                if t_cycle <= next_ev:
+                    if t_cycle > stop_at:
+                        break
+                    self._set(t_cycle)
+                    self._cycle()
+                    last_cycle = t_cycle
+                    dirty = False
+                    self._after_cycle_tick()
+                    if self.progress:
+                        self.progress(self.now_s, expected)
+                    continue
+            if next_ev == math.inf or next_ev > stop_at:
+                break
+            self._set(next_ev)
+            while self._heap and self._heap[0][0] <= next_ev:
+                _, kind, _, data = heapq.heappop(self._heap)
+                dirty |= self._handle(Ev(kind), data)
+        return SimOutcome(
+            self.workload,
+            self.config,
+            self.settings,
+            self.now_s,
+            self.tasks,
+            self.instances,
+            self.samples,
+            self.cycles,
+            self.team_gpu_s,
+            self.preemptions,
+            self.sessions,
+        )
+
+    def _push(self, at: float, kind: Ev, data: Any) -> None:
+        heapq.heappush(self._heap, (at, int(kind), next(self._seq), data))
+
+    def _set(self, t: float) -> None:
+        self.now_s = t
+        self.clock.set(self.settings.start + timedelta(seconds=t))
+
+    def _after_cycle_tick(self) -> None:
+        busy = self._queued or self._running or self.live_instances
+        if busy and (self._tick_at is None or self._tick_at <= self.now_s):
+            self._tick_at = self.now_s + self.settings.tick_s
+            self._push(self._tick_at, Ev.WAKE, None)
+
+    # ------------------------------------------------------------------ events
+
+    def _handle(self, kind: Ev, data: Any) -> bool:
+        """Apply one event; True when the reconciler should look again."""
+        # Only what the reconciler must answer marks the world dirty: work left queued,
+        # a machine to terminate, an idle timeout. A finish whose worker leased again,
+        # or a boot that found work, changes nothing it would act on.
+        if kind == Ev.ARRIVE:
+            self._arrive(data)
+            return self._queued > 0
+        if kind == Ev.REGISTER:
+            self._register(data)
+            return False
+        if kind == Ev.FINISH:
+            worker_id, task_id, attempt = data
+            agent = self.agents.get(worker_id)
+            run = agent.running.get(task_id) if agent else None
+            if agent is None or run is None or run.attempt != attempt or agent.gone:
+                return False
+            self._end(agent, task_id, "")
+            self._after_free(agent)
+            return agent.gone
+        if kind == Ev.DEADLINE:
+            agent = self.agents.get(data)
+            if agent is None or agent.gone:
+                return False
+            for task_id in list(agent.running):
+                self._end(agent, task_id, "drain deadline")
+            self._leave(agent, "drained")
+            return True
+        if kind == Ev.PREEMPT:
+            inst_id = data
+            track = self.instances.get(inst_id)
+            if track is None or inst_id not in self.live_instances:
+                return False  # terminated before the reclaim came
+            track.preempted = True
+            self.preemptions += 1
+            wid = self.agent_by_instance.get(inst_id)
+            agent = self.agents.get(wid) if wid else None
+            if agent is not None and not agent.gone:
+                # The machine is gone: whatever still runs is interrupted (the agent
+                # reports it within the notice, as the real one does on its deadline).
+                for task_id in list(agent.running):
+                    self._end(agent, task_id, "spot")
+                self._leave(agent, "preempted")
+            return True
+        # WAKE: a timer (idle timeout, spot notice, tick).
+        if data == "idle":
+            self._idle_wakes.discard(self.now_s)
+        return True
+
+    def _arrive(self, batch: list[TraceTask]) -> None:
+        now = self.clock.now()
+        with transaction(self.sessions) as s:
+            for t in batch:
+                spec = task_ops.TaskSpec(
+                    queue=t.queue, command=["sim", t.key], gpus=t.gpus, max_attempts=self.settings.max_attempts
+                )
+                row = task_ops.enqueue(s, spec, team=t.team, now=now)
+                self.tasks[row.id] = TaskTrack(t, self.now_s)
+        self._queued += len(batch)
+        need = min(t.gpus for t in batch)
+        for agent in list(self.agents.values()):
+            if not agent.gone and not agent.draining and agent.free >= need:
+                self._fill(agent)
+
+    def _register(self, inst_id: str) -> bool:
+        track = self.instances.get(inst_id)
+        if track is None or inst_id not in self.live_instances:
+            return False
+        with self.sessions() as s:
+            inst = s.get(Instance, inst_id)
+            if inst is None or inst.state != "booting" or inst.provider_instance_id is None:
+                return False
+            pid, gpu_type, provider = inst.provider_instance_id, inst.gpu_type, inst.provider
+        agent = self.ops.register(
+            now=self.clock.now(),
+            instance_id=inst_id,
+            provider_instance_id=pid,
+            pool=track.pool,
+            provider=provider,
+            gpus=track.gpus,
+            gpu_type=gpu_type,
+            price_per_gpu_h=track.price / max(track.gpus, 1),
+        )
+        track.ready_s = self.now_s
+        self.agents[agent.worker_id] = agent
+        self.agent_by_instance[inst_id] = agent.worker_id
+        self._fill(agent)
+        self._after_free(agent)
+        return True
+
+    def _fill(self, agent: SimAgent) -> None:
+        """Lease until the worker's GPUs are full or nothing fits (the agent's poll)."""
+        from autoscaler.sim.agents import RunningTask
+
+        now = self.clock.now()
+        while agent.free > 0 and not agent.draining and not agent.gone and self._queued:
+            got = self.ops.lease_and_start(agent, now=now)
+            if got is None:
+                return
+            task_id, gpus, attempt = got
+            track = self.tasks[task_id]
+            track.wait_s += self.now_s - track.queued_since
+            track.attempts = attempt
+            track.state = "running"
+            if track.started_s is None:
+                track.started_s = self.now_s
+            agent.running[task_id] = RunningTask(task_id, gpus, self.now_s, attempt)
+            self._queued -= 1
+            self._running += 1
+            self._push(self.now_s + track.trace.duration_s, Ev.FINISH, (agent.worker_id, task_id, attempt))
+
+    def _end(self, agent: SimAgent, task_id: str, interrupted: str) -> None:
+        ended = self.ops.finish(agent, task_id, now=self.clock.now(), now_s=self.now_s, interrupted=interrupted)
+        track = self.tasks[task_id]
+        gpu_s = ended.gpus * ended.ran_s
+        track.ran_gpu_s += gpu_s
+        team = track.trace.team
+        self.team_gpu_s[team] = self.team_gpu_s.get(team, 0.0) + gpu_s
+        self._running -= 1
+        track.state = ended.state
+        if interrupted:
+            track.lost_gpu_s += gpu_s
+            track.lost_usd += gpu_s / 3600.0 * agent.price_per_gpu_h
+        if ended.state == "queued":
+            track.queued_since = self.now_s
+            self._queued += 1
+        elif ended.state in ("succeeded", "failed", "canceled"):
+            track.finished_s = self.now_s
+
+    def _after_free(self, agent: SimAgent) -> None:
+        if agent.gone:
+            return
+        if agent.draining:
+            if not agent.running:
+                self._leave(agent, "drained")
+            return
+        self._fill(agent)
+        if not agent.running:
+            pool = self.config.pool(agent.pool)
+            at = self.now_s + (pool.idle_timeout_s if pool else 300.0) + 1.0
+            if at not in self._idle_wakes:
+                self._idle_wakes.add(at)
+                self._push(at, Ev.WAKE, "idle")
+
+    def _leave(self, agent: SimAgent, reason: str) -> None:
+        if not agent.gone:
+            self.ops.leave(agent, now=self.clock.now(), reason=reason)
+
+    # ------------------------------------------------------------------ the real cycle
+
+    def _cycle(self) -> None:
+        now = self.clock.now()
+        self.ops.heartbeat_all(now=now)
+        result = self.reconciler.run_cycle()
+        self._note(result)
+        self._launched(result)
+        self._terminated(result)
+        self._drains()
+        self.samples.append(
+            Sample(
+                self.now_s,
+                len(self.live_instances),
+                sum(self.instances[i].gpus for i in self.live_instances),
+                self._queued,
+                self._running,
+            )
+        )
+
+    def _note(self, result: CycleResult) -> None:
+        ev = self.policy.last
+        if ev is None:
+            return
+        d = ev.decision
+        self.cycles.append(
+            CycleNote(
+                self.now_s,
+                tuple(sorted(t for t, td in d.teams.items() if not td.may_scale_up)),
+                tuple(sorted(t for t, td in d.teams.items() if td.drain)),
+                tuple((a.team or "", a.level, a.threshold_pct, a.basis) for a in d.alerts),
+                {t: td.priority_weight for t, td in d.teams.items()},
+                len(result.launched),
+                len(result.launch_errors),
+            )
+        )
+
+    def _launched(self, result: CycleResult) -> None:
+        if not result.launched:
+            return
+        with self.sessions() as s:
+            rows = list(s.scalars(select(Instance).where(Instance.id.in_(result.launched))))
+        lo, hi = self.settings.boot_delay_s
+        for inst in rows:
+            if inst.provider_instance_id is None:
+                continue
+            track = InstanceTrack(
+                inst.id, inst.pool, inst.team, inst.gpus, inst.capacity_type, inst.zone, inst.hourly_price, self.now_s
+            )
+            self.instances[inst.id] = track
+            self.live_instances.add(inst.id)
+            self._push(self.now_s + self.rng.uniform(lo, hi), Ev.REGISTER, inst.id)
+            if inst.capacity_type == "spot":
+                self._schedule_reclaim(inst, track)
+
+    def _schedule_reclaim(self, inst: Instance, track: InstanceTrack) -> None:
+        rate = self.settings.preemption_by_zone.get(inst.zone or "", self.settings.preemption_per_hour)
+        if rate <= 0:
+            return
+        at = self.now_s + self.rng.expovariate(rate) * 3600.0
+        pool = self.config.pool(inst.pool)
+        notice = self.settings.notice_s
+        if notice is None:
+            notice = NOTICE_S.get(pool.provider if pool else "", 120.0)
+        assert inst.provider_instance_id is not None
+        self.fakes[inst.pool].schedule_preemption(
+            inst.provider_instance_id, self.settings.start + timedelta(seconds=at), notice_s=notice
+        )
+        self._push(max(at - notice, self.now_s), Ev.WAKE, "notice")
+        self._push(at, Ev.PREEMPT, inst.id)
+
+    def _terminated(self, result: CycleResult) -> None:
+        for inst_id in result.terminated:
+            self.live_instances.discard(inst_id)
+            wid = self.agent_by_instance.get(inst_id)
+            agent = self.agents.get(wid) if wid else None
+            if agent is not None and not agent.gone:
+                # The machine was terminated under a live agent: its work is interrupted.
+                for task_id in list(agent.running):
+                    self._end(agent, task_id, "terminated")
+                agent.gone = True
+
+    def _drains(self) -> None:
+        """Agents learn of a drain (idle timeout, budget, spot notice) as on a heartbeat."""
+        with self.sessions() as s:
+            rows = list(s.execute(select(Worker.id, Worker.drain_deadline).where(Worker.state == "draining")))
+        for wid, deadline in rows:
+            agent = self.agents.get(wid)
+            if agent is None or agent.gone or agent.draining:
+                continue
+            agent.draining = True
+            if not agent.running:
+                self._leave(agent, "drained")
+                # The reconciler terminates a drained machine on its next look.
+                self._push(self.now_s, Ev.WAKE, None)
+                continue
+            at = self.now_s
+            if deadline is not None:
+                dl = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
+                at = max((dl - self.settings.start).total_seconds(), self.now_s)
+            self._push(at, Ev.DEADLINE, wid)

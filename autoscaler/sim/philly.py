@@ -1,0 +1,76 @@
+"""Loader for the Microsoft Philly per-virtual-cluster traces (Gavel's `vc/*.trace`).
+
+Each VC becomes a team named after its file. A job's run time is its step count divided
+by its V100 throughput alone (`simulation_throughputs.json`, key `('<job_type>', <gpus>)`,
+entry `null`), as in the Gavel simulator. Every VC's clock starts at 0, so VCs overlay
+as concurrent teams. Jobs wider than 8 GPUs are split (see `split_wide`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from autoscaler.errors import InvalidInput
+from autoscaler.sim.workload import TraceTask, Workload, split_wide
+
+GPU_BASIS = "v100"
+THROUGHPUTS = "simulation_throughputs.json"
+
+
+def _find(path: Path) -> tuple[list[Path], Path]:
+    vc_dir = path / "vc" if (path / "vc").is_dir() else path
+    traces = sorted(vc_dir.glob("*.trace"))
+    table = next((p for p in (vc_dir / THROUGHPUTS, vc_dir.parent / THROUGHPUTS) if p.is_file()), None)
+    if not traces or table is None:
+        raise InvalidInput(
+            f"--workload philly:{path}: expected a directory with vc/<vc>.trace files and "
+            f"{THROUGHPUTS} (found {len(traces)} trace(s), "
+            f"{'a' if table else 'no'} throughput table)"
+        )
+    return traces, table
+
+
+def _team(stem: str) -> str:
+    name = re.sub(r"[^a-z0-9_.-]", "-", stem.lower()).strip("-._") or "vc"
+    return name if name[0].isalnum() else f"vc{name}"
+
+
+def load_philly(path: Path) -> Workload:
+    traces, table_path = _find(path)
+    try:
+        table: dict[str, Any] = json.loads(table_path.read_text())[GPU_BASIS]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InvalidInput(f"{table_path}: cannot read the {GPU_BASIS} throughput table ({exc})") from None
+    tasks: list[TraceTask] = []
+    split = missing = 0
+    for trace in traces:
+        team = _team(trace.stem)
+        for n, line in enumerate(trace.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            try:
+                job_type, steps, arrival, gpus = cols[0], int(cols[4]), float(cols[5]), int(cols[6])
+            except (IndexError, ValueError):
+                raise InvalidInput(
+                    f"{trace}:{n}: expected 7 tab-separated columns (job_type, command, "
+                    "num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor)"
+                ) from None
+            entry = table.get(f"('{job_type}', {gpus})") or table.get(f"('{job_type}', 1)")
+            rate = entry.get("null") if isinstance(entry, dict) else None
+            if not rate:
+                missing += 1
+                continue
+            parts = split_wide(f"{team}-{n}", team, arrival, steps / float(rate), gpus)
+            split += len(parts) > 1
+            tasks.extend(parts)
+    tasks.sort(key=lambda t: (t.arrival_s, t.key))
+    notes = [f"{len(traces)} virtual clusters as teams; run time = steps / V100 throughput"]
+    if split:
+        notes.append(f"{split} job(s) wider than 8 GPUs split into 8-GPU tasks")
+    if missing:
+        notes.append(f"{missing} job(s) without a throughput entry skipped")
+    return Workload(f"philly ({len(traces)} VCs)", tuple(tasks), tuple(notes))
