@@ -62,9 +62,7 @@ def _read_structured(path: Path, rel: str) -> Any:
             return json.loads(text)
         return yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise PolicyError(
-            "policy data is not valid JSON", [Problem(rel, exc.lineno, exc.msg, exc.colno)]
-        ) from None
+        raise PolicyError("policy data is not valid JSON", [Problem(rel, exc.lineno, exc.msg, exc.colno)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -110,9 +108,7 @@ def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
     """Read a policy directory. Raises PolicyError (with file:line) for unreadable files."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise PolicyError(
-            f"policy directory {directory} does not exist; pass a directory holding *.rego files"
-        )
+        raise PolicyError(f"policy directory {directory} does not exist; pass a directory holding *.rego files")
     modules: dict[str, str] = {}
     for path in sorted(directory.rglob("*.rego")):
         rel = str(path.relative_to(directory))
@@ -132,9 +128,7 @@ def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
         digest.update(rel.encode() + b"\0" + source.encode() + b"\0")
     digest.update(json.dumps(data, sort_keys=True, default=str).encode())
     cases = load_cases(directory) if with_cases else []
-    return PolicyBundle(
-        directory=directory, modules=modules, data=data, revision=digest.hexdigest()[:16], cases=cases
-    )
+    return PolicyBundle(directory=directory, modules=modules, data=data, revision=digest.hexdigest()[:16], cases=cases)
 
 
 def directory_fingerprint(directory: Path) -> str:

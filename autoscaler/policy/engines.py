@@ -25,8 +25,23 @@ from autoscaler.policy.schema import Decision, EvaluationResult, PolicyInput
 
 
 def input_document(policy_input: PolicyInput) -> dict[str, Any]:
-    """The JSON document a policy sees (datetimes as RFC 3339 strings)."""
+    """The JSON document a policy sees (datetimes as RFC 3339 strings), with derived pool facts.
+
+    Joins of queues and pools are done here, in linear time, because rego-cpp
+    re-evaluates rules inside loops: the same join written in Rego took tens of
+    seconds for 50 pools x 1,000 queues (see docs/benchmarks.md).
+    """
     doc: dict[str, Any] = policy_input.model_dump(mode="json")
+    idle_static = {p.name: p.idle_instances for p in policy_input.pools if p.kind == "static"}
+    backlog: dict[str, int] = {}
+    peers: dict[str, set[str]] = {}
+    for q in policy_input.queues:
+        for name in q.pools:
+            backlog[name] = backlog.get(name, 0) + q.depth
+            peers.setdefault(name, set()).update(s for s in q.pools if s in idle_static and s != name)
+    for pool in doc["pools"]:
+        pool["backlog"] = backlog.get(pool["name"], 0)
+        pool["onprem_idle_peers"] = sum(idle_static[s] for s in peers.get(pool["name"], ()))
     return doc
 
 
@@ -38,11 +53,7 @@ def billing_period(now: datetime) -> tuple[datetime, datetime, float]:
     """Budget month = calendar month, UTC: (start, end, hours left)."""
     now = now.astimezone(UTC)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = (
-        start.replace(year=start.year + 1, month=1)
-        if start.month == 12
-        else start.replace(month=start.month + 1)
-    )
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
     return start, end, max(0.0, (end - now).total_seconds() / 3600)
 
 
@@ -58,15 +69,12 @@ def to_decision(value: Any, team_names: list[str]) -> Decision:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ValueError(
-            f"the policy's decision does not match schema v1 ({exc.error_count()} problem(s)); at {loc}: "
-            f"{first['msg']}"
+            f"the policy's decision does not match schema v1 ({exc.error_count()} problem(s)); at {loc}: {first['msg']}"
         ) from None
     missing = [t for t in team_names if t not in decision.teams]
     if missing:
         # A team silently falling back to the permissive default is how budgets leak.
-        decision.warn.append(
-            f"policy gave no decision for team(s) {', '.join(missing)}; default_team applies"
-        )
+        decision.warn.append(f"policy gave no decision for team(s) {', '.join(missing)}; default_team applies")
     decision.alerts.sort(key=lambda a: (a.team or "", a.basis, a.threshold_pct, a.level))
     return decision
 
@@ -166,9 +174,7 @@ class OpaEngine:
     def _call(self, doc: dict[str, Any]) -> tuple[Any, str | None]:
         path = f"{self.url}/v1/data/{entrypoint(self.package)}"
         try:
-            resp = self._client.post(
-                path, json={"input": doc}, params={"provenance": "true"}, timeout=self.timeout_s
-            )
+            resp = self._client.post(path, json={"input": doc}, params={"provenance": "true"}, timeout=self.timeout_s)
         except httpx.TimeoutException:
             raise ValueError(f"OPA at {self.url} did not answer within {self.timeout_s:g} s") from None
         except httpx.HTTPError as exc:

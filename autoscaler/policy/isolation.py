@@ -114,9 +114,7 @@ class IsolatedRego:
             if stream:
                 stream.close()
 
-    def _roundtrip(
-        self, proc: subprocess.Popen[bytes], req: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
+    def _roundtrip(self, proc: subprocess.Popen[bytes], req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         stdin: IO[bytes] | None = proc.stdin
         stdout: IO[bytes] | None = proc.stdout
         assert stdin is not None and stdout is not None
@@ -134,9 +132,7 @@ class IsolatedRego:
             ready, _, _ = select.select([fd], [], [], max(0.0, left))
             if not ready:
                 self._kill()
-                raise EngineUnavailable(
-                    f"the policy engine did not answer within {timeout_s:g} s; it was restarted"
-                )
+                raise EngineUnavailable(f"the policy engine did not answer within {timeout_s:g} s; it was restarted")
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 code = proc.wait()
@@ -168,9 +164,7 @@ class IsolatedRego:
         return value, float(eval_ms or 0.0)
 
     def unknown_functions(self, names: list[str]) -> list[str]:
-        value, _ = self.request(
-            {"op": "unknown_functions", "names": names}, max(self.timeout_s, START_TIMEOUT_S)
-        )
+        value, _ = self.request({"op": "unknown_functions", "names": names}, max(self.timeout_s, START_TIMEOUT_S))
         return list(value)
 
     def close(self) -> None:

@@ -70,9 +70,7 @@ def check_syntax_leniency(rel: str, source: str) -> list[Problem]:
     code = strip_strings_and_comments(source)
     problems: list[Problem] = []
     if not re.search(r"^import\s+rego\.v1\b", code, re.MULTILINE):
-        problems.append(
-            Problem(rel, 1, "add `import rego.v1` so the file means the same to OPA v1 and rego-cpp")
-        )
+        problems.append(Problem(rel, 1, "add `import rego.v1` so the file means the same to OPA v1 and rego-cpp"))
     for offset, chunk in _top_level_chunks(code):
         head = chunk.split("\n", 1)[0]
         first = head.split(None, 1)[0] if head.split() else ""
@@ -84,9 +82,7 @@ def check_syntax_leniency(rel: str, source: str) -> list[Problem]:
             # `x := {` and `f(a) := [{` open a literal; `allow {`, `p[x] {`, `x := 1 {` open a body.
             if stripped and not re.search(r"(:=|=|,|\(|\[|\bin)$", stripped):
                 problems.append(
-                    Problem(
-                        rel, _line(source, offset), "rule body without `if`: write `... if { ... }` (OPA v1)"
-                    )
+                    Problem(rel, _line(source, offset), "rule body without `if`: write `... if { ... }` (OPA v1)")
                 )
                 continue
         if re.match(r"^[a-z_]\w*\[\s*[a-z_]\w*\s*\]\s+if\b", head):
@@ -142,9 +138,7 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
 _SEGMENT = re.compile(r"\.([A-Za-z_]\w*)|\[([^\]\[]*)\]")
 
 
-def _walk(
-    schema: dict[str, Any], node: dict[str, Any], path: str
-) -> tuple[dict[str, Any] | None, str | None]:
+def _walk(schema: dict[str, Any], node: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, str | None]:
     """Follow `.a[_].b` through the schema; returns (node, None) or (None, bad field)."""
     for m in _SEGMENT.finditer(path):
         node = _resolve(schema, node)
@@ -184,8 +178,7 @@ def check_input_fields(rel: str, source: str, schema: dict[str, Any] | None = No
             Problem(
                 rel,
                 line,
-                f"input has no field `{field}` at {where or 'the top level'}{hint}: "
-                "a rule reading it never matches",
+                f"input has no field `{field}` at {where or 'the top level'}{hint}: a rule reading it never matches",
             )
         )
 
@@ -264,9 +257,7 @@ def check_textual_comparisons(rel: str, source: str) -> list[Problem]:
     ]
 
 
-def lint(
-    modules: dict[str, str], data: dict[str, Any], unknown: Callable[[list[str]], list[str]]
-) -> list[Problem]:
+def lint(modules: dict[str, str], data: dict[str, Any], unknown: Callable[[list[str]], list[str]]) -> list[Problem]:
     problems: list[Problem] = []
     for rel, source in sorted(modules.items()):
         problems += check_syntax_leniency(rel, source)

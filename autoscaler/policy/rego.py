@@ -105,9 +105,7 @@ def parse_compile_errors(blob: str, modules: dict[str, str]) -> list[Problem]:
             line, col = line_col(modules[name], int(loc.group(1)))
         problems.append(Problem(name or "(policy)", line, message, col))
     if not problems:
-        problems.append(
-            Problem("(policy)", None, blob.strip().splitlines()[0] if blob.strip() else "compile error")
-        )
+        problems.append(Problem("(policy)", None, blob.strip().splitlines()[0] if blob.strip() else "compile error"))
     return problems
 
 

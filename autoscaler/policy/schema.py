@@ -74,8 +74,10 @@ class PoolInput(_Model):
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(0, ge=0)
     current_instances: int = Field(0, ge=0)
-    idle_instances: int = Field(
-        0, ge=0, description="Instances whose worker is idle (used by on-prem first)."
+    idle_instances: int = Field(0, ge=0, description="Instances whose worker is idle (used by on-prem first).")
+    backlog: int = Field(0, ge=0, description="Derived by the service: tasks queued in the queues this pool serves.")
+    onprem_idle_peers: int = Field(
+        0, ge=0, description="Derived by the service: idle on-prem instances serving a queue this pool serves."
     )
     hourly_prices: dict[str, float] = Field(
         default_factory=dict, description='USD/h keyed "<instance_type>/<capacity_type>" ("g5.xlarge/spot").'
@@ -128,9 +130,7 @@ class PoolDecision(_Model):
 
 
 class QueueDecision(_Model):
-    allowed_pools: list[str] | None = Field(
-        None, description="None = every pool the queue is configured with."
-    )
+    allowed_pools: list[str] | None = Field(None, description="None = every pool the queue is configured with.")
     reasons: list[str] = Field(default_factory=list)
 
 
@@ -169,9 +169,7 @@ class Decision(_Model):
         Running work is left alone on purpose: a broken policy must not turn into a
         fleet-wide outage, only into a pause of growth until it is fixed.
         """
-        frozen = TeamDecision(
-            may_scale_up=False, spend_headroom_per_hour=0.0, reasons=[f"policy failed: {error}"]
-        )
+        frozen = TeamDecision(may_scale_up=False, spend_headroom_per_hour=0.0, reasons=[f"policy failed: {error}"])
         return cls(
             teams={name: frozen.model_copy(deep=True) for name in team_names or []},
             default_team=frozen,

@@ -33,12 +33,8 @@ from autoscaler.policy.schema import EvaluationResult, PolicyInput
 log = logging.getLogger(__name__)
 
 RELOADS = Counter("autoscaler_policy_reloads", "Policy reload attempts by result.", ["result"])
-RELOAD_OK = Gauge(
-    "autoscaler_policy_reload_ok", "1 if the last policy reload succeeded, 0 if it was refused."
-)
-EVAL_SECONDS = Histogram(
-    "autoscaler_policy_eval_seconds", "Policy evaluation time, child round trip included."
-)
+RELOAD_OK = Gauge("autoscaler_policy_reload_ok", "1 if the last policy reload succeeded, 0 if it was refused.")
+EVAL_SECONDS = Histogram("autoscaler_policy_eval_seconds", "Policy evaluation time, child round trip included.")
 EVAL_FAILURES = Counter("autoscaler_policy_eval_failures", "Evaluations that failed safe.")
 
 
@@ -75,9 +71,7 @@ class PolicyService:
         self._fingerprint = ""
         if config.engine == "opa":
             if not config.opa_url:
-                raise ConfigError(
-                    "policy.engine is 'opa' but policy.opa_url is not set: add the OPA server URL"
-                )
+                raise ConfigError("policy.engine is 'opa' but policy.opa_url is not set: add the OPA server URL")
             self._engine = OpaEngine(config.opa_url, package=config.package, timeout_s=config.timeout_s)
             self.loaded_at = self.clock.now()
             return
@@ -126,9 +120,7 @@ class PolicyService:
         if not report.ok:
             engine.close()
             return ReloadOutcome(False, self._current_revision(), bundle.revision, report.summary()), None
-        return ReloadOutcome(
-            True, bundle.revision, bundle.revision, report.summary(), len(report.results)
-        ), engine
+        return ReloadOutcome(True, bundle.revision, bundle.revision, report.summary(), len(report.results)), engine
 
     def _current_revision(self) -> str:
         engine = getattr(self, "_engine", None)
@@ -138,17 +130,13 @@ class PolicyService:
         """Check, test, then swap; on any failure keep the last good bundle."""
         self.last_reload_at = self.clock.now()
         if isinstance(self._engine, OpaEngine):
-            return ReloadOutcome(
-                True, self.revision, None, "OPA serves its own bundles; nothing to reload here"
-            )
+            return ReloadOutcome(True, self.revision, None, "OPA serves its own bundles; nothing to reload here")
         outcome, engine = self._prepare()
         if engine is None:
             self.last_reload_error = outcome.message
             RELOADS.labels(result="refused").inc()
             RELOAD_OK.set(0)
-            log.error(
-                "policy reload refused; revision %s stays in force: %s", outcome.revision, outcome.message
-            )
+            log.error("policy reload refused; revision %s stays in force: %s", outcome.revision, outcome.message)
             return outcome
         with self._lock:
             old, self._engine = self._engine, engine

@@ -19,19 +19,34 @@ HEADER = "package autoscaler.extra\n\nimport rego.v1\n\n"
 
 BAD = {
     "syntax error": (HEADER + 'x := {"a": 1\n', "extra.rego:5", "unclosed"),
-    "unknown function": (HEADER + "x := budgetz.total(1)\n", "extra.rego:5", "unknown function budgetz.total()"),
+    "unknown function": (
+        HEADER + "x := budgetz.total(1)\n",
+        "extra.rego:5",
+        "unknown function budgetz.total()",
+    ),
     "rule without if": (HEADER + "x := 1 { input.now }\n", "extra.rego:5", "rule body without `if`"),
     "partial set without contains": (HEADER + 'd[m] if { m := "x" }\n', "extra.rego:5", "needs `contains`"),
     "typo in an input field": (
         HEADER + "hot contains t.name if {\n\tsome t in input.teams\n\tt.burn_rate_usd > 10\n}\n",
-        "extra.rego:7", "has no field `burn_rate_usd`",
+        "extra.rego:7",
+        "has no field `burn_rate_usd`",
     ),
     "typo in a top-level input field": (
-        HEADER + "late if input.hours_left_in_perod < 24\n", "extra.rego:5", "input has no field `hours_left_in_perod`"
+        HEADER + "late if input.hours_left_in_perod < 24\n",
+        "extra.rego:5",
+        "input has no field `hours_left_in_perod`",
     ),
     "max compares text": (HEADER + "m := max([80, 100])\n", "extra.rego:5", "compares numbers as text"),
-    "missing import rego.v1": ("package autoscaler.extra\n\nx := 1\n", "extra.rego:1", "add `import rego.v1`"),
-    "unknown data file": (HEADER + "x := data.budgetz.teams\n", "extra.rego:5", "data.budgetz does not exist"),
+    "missing import rego.v1": (
+        "package autoscaler.extra\n\nx := 1\n",
+        "extra.rego:1",
+        "add `import rego.v1`",
+    ),
+    "unknown data file": (
+        HEADER + "x := data.budgetz.teams\n",
+        "extra.rego:5",
+        "data.budgetz does not exist",
+    ),
 }
 
 
@@ -49,14 +64,16 @@ def test_check_reports_file_line_and_reason(tmp_path, name):
 def test_conflicting_complete_rules_are_named_with_file_and_line(tmp_path):
     directory = copy_policies(tmp_path)
     # Both bodies hold for a team with spend, so `level` has two values.
-    write_module(directory, "extra.rego", HEADER + (
-        'level := "low" if count(input.teams) > 0\n'
-        'level := "high" if count(input.teams) > 0\n'
-    ))
+    write_module(
+        directory,
+        "extra.rego",
+        HEADER + ('level := "low" if count(input.teams) > 0\nlevel := "high" if count(input.teams) > 0\n'),
+    )
     (directory / "decision.rego").write_text(
-        (directory / "decision.rego").read_text().replace(
-            '"schema_version": "1",', '"schema_version": "1",\n\t"warn": [data.autoscaler.extra.level],', 1
-        ).replace('\t"warn": sort([m | some m in warnings]),\n', "")
+        (directory / "decision.rego")
+        .read_text()
+        .replace('"schema_version": "1",', '"schema_version": "1",\n\t"warn": [data.autoscaler.extra.level],', 1)
+        .replace('\t"warn": sort([m | some m in warnings]),\n', "")
     )
     bundle = load_bundle(directory, with_cases=False)
     engine = EmbeddedEngine(bundle, isolate=False)

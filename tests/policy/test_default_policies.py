@@ -21,7 +21,11 @@ def engine():
 
 def test_the_shipped_policies_have_at_least_30_cases():
     assert len(BUNDLE.cases) >= 30
-    assert {c.file for c in BUNDLE.cases} == {"tests/budgets.yaml", "tests/priorities.yaml", "tests/placement.yaml"}
+    assert {c.file for c in BUNDLE.cases} == {
+        "tests/budgets.yaml",
+        "tests/priorities.yaml",
+        "tests/placement.yaml",
+    }
 
 
 def test_the_shipped_policies_pass_the_leniency_checks(engine):
@@ -37,8 +41,9 @@ def test_case(engine, case):
 def test_a_wrong_expectation_fails(engine):
     # The runner must be able to fail: flip one expected value of a real case.
     case = next(c for c in BUNDLE.cases if "hard budget spent" in c.name)
-    wrong = type(case)(name=case.name, file=case.file, input=case.input,
-                       expect={"teams": {"research": {"drain": False}}})
+    wrong = type(case)(
+        name=case.name, file=case.file, input=case.input, expect={"teams": {"research": {"drain": False}}}
+    )
     result = run_case(engine, wrong)
     assert result.failures == ["decision.teams.research.drain: expected False, got True"]
 

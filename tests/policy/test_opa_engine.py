@@ -90,8 +90,7 @@ def engine(opa):
     eng.close()
 
 
-INPUT = complete_input({"now": NOW, "teams": [{"name": "research", "month_to_date_usd": 20500,
-                                               "forecast_usd": 22000}]})
+INPUT = complete_input({"now": NOW, "teams": [{"name": "research", "month_to_date_usd": 20500, "forecast_usd": 22000}]})
 
 
 def test_result_is_parsed_with_its_decision_id_and_bundle_revision(opa, engine):
@@ -122,8 +121,13 @@ def test_wrong_package_is_an_undefined_document(opa):
         eng.close()
 
 
-@pytest.mark.parametrize(("mode", "text"), [("400", "HTTP 400: invalid_parameter: input must be an object"),
-                                             ("500", "HTTP 500: internal_error: eval_conflict_error")])
+@pytest.mark.parametrize(
+    ("mode", "text"),
+    [
+        ("400", "HTTP 400: invalid_parameter: input must be an object"),
+        ("500", "HTTP 500: internal_error: eval_conflict_error"),
+    ],
+)
 def test_http_errors_fail_safe_with_opas_message(opa, engine, mode, text):
     opa.mode = mode
     result = engine.evaluate(INPUT)
