@@ -1,0 +1,55 @@
+"""`autoscaler simulate`: replay a trace through the real loop and compare with the
+lower bound and the baselines (report.json, report.md, PNG plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autoscaler.cli import app
+from autoscaler.cli.common import out
+from autoscaler.errors import InvalidInput
+
+
+@app.command()
+def simulate(
+    workload: Annotated[str, typer.Option("--workload", help="KIND:PATH; KIND is philly, alibaba or synthetic.")],
+    config: Annotated[Path | None, typer.Option("--config", help="Autoscaler YAML (default: one AWS V100 pool priced from the shared catalog).")] = None,
+    policy: Annotated[Path | None, typer.Option("--policy", help="Policy directory (default: the shipped policies).")] = None,
+    days: Annotated[float | None, typer.Option("--days", help="Keep the tasks arriving in the first D days.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for boot delays and spot reclaims.")] = 0,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.json, report.md and PNGs.")] = Path("sim-out"),
+    preemption_rate: Annotated[float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")] = 0.24,
+) -> None:
+    """Replay a GPU cluster trace through the real planner, policy and reconciler."""
+    from autoscaler.config import load_config
+    from autoscaler.sim import report as sim_report
+    from autoscaler.sim.catalog import default_config
+    from autoscaler.sim.engine import SimSettings
+    from autoscaler.sim.runner import run_simulation
+    from autoscaler.sim.workload import load_workload
+
+    if policy is not None and not (policy / "data").is_dir():
+        raise InvalidInput(f"--policy {policy}: not a policy directory (expected *.rego files and data/)")
+    wl = load_workload(workload, seed=seed).first_days(days)
+    if not wl.tasks:
+        raise InvalidInput(f"--workload {workload}: no tasks to simulate (check --days)")
+    cfg = load_config(config) if config else default_config(wl.teams)
+    settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate)
+    with Progress(
+        TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(), transient=True,
+    ) as bar:
+        job = bar.add_task(wl.name, total=1.0)
+
+        def advance(done_s: float, expected_s: float) -> None:
+            bar.update(job, completed=min(done_s / expected_s, 1.0) if expected_s else 1.0)
+
+        outcome = run_simulation(wl, cfg, policy_dir=policy, settings=settings, progress=advance)
+    report = sim_report.build(outcome, policy)
+    files = sim_report.write(outcome, report, out_dir)
+    out.print(sim_report.markdown(report))
+    out.print("wrote " + ", ".join(str(f) for f in files))

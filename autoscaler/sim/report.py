@@ -1,0 +1,140 @@
+"""What `autoscaler simulate` writes: `report.json` (ours, the lower bound and the
+baselines in one shape), `report.md` (the comparison table) and PNG plots (fleet size
+and queue depth over time; spend against budget per team)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autoscaler.sim import baselines, metrics
+from autoscaler.sim.engine import SimOutcome
+
+
+def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
+    wl, cfg, st = outcome.workload, outcome.config, outcome.settings
+    ours = metrics.ours(outcome, policy_dir)
+    lower = baselines.lower_bound(wl, cfg)
+    report: dict[str, Any] = {
+        "workload": {"name": wl.name, "tasks": len(wl.tasks), "teams": list(wl.teams), "notes": list(wl.notes)},
+        "settings": {
+            "seed": st.seed,
+            "boot_delay_s": list(st.boot_delay_s),
+            "preemption_per_hour": st.preemption_per_hour,
+            "reconcile_interval_s": cfg.reconcile.interval_s,
+            "pools": [p.name for p in cfg.pools],
+        },
+        "simulation": {
+            "wall_s": round(outcome.wall_s, 2),
+            "virtual_days": round(outcome.end_s / 86400, 2),
+            "cycles": len(outcome.cycles),
+        },
+        **ours,
+        "lower_bound_usd": lower,
+        "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
+        "baselines": {
+            "clearml_style": baselines.clearml_style(wl, cfg, st),
+            "static_fleet": baselines.static_fleet(wl, cfg),
+        },
+    }
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lb = report["lower_bound_usd"]
+    rows = [("ours", report), *report["baselines"].items()]
+    lines = [
+        f"# Simulation: {report['workload']['name']}",
+        "",
+        f"{report['workload']['tasks']} tasks, {len(report['workload']['teams'])} teams; "
+        f"{report['simulation']['virtual_days']} virtual days in {report['simulation']['wall_s']} s "
+        f"({report['simulation']['cycles']} reconcile cycles).",
+        "",
+        "| system | cost USD | x lower bound | wait p50 | wait p95 | wait p99 | GPU-h used | GPU-h idle "
+        "| GPU-h booting | lost to preemption USD | launches | preemptions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| lower bound | {lb:,.2f} | 1.00 | 0 | 0 | 0 | | 0 | 0 | 0 | | |",
+    ]
+    for name, r in rows:
+        w, g, c = r["waits_s"], r["gpu_hours"], r["counts"]
+        ratio = f"{r['total_cost_usd'] / lb:.2f}" if lb else "-"
+        lines.append(
+            f"| {name} | {r['total_cost_usd']:,.2f} | {ratio} | {_dur(w['p50'])} | {_dur(w['p95'])} "
+            f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
+            f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
+        )
+    lines += ["", "## Teams (ours)", "", "| team | cost USD | wait p95 | max % of budget | frozen | GPU share | weight share |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for team, t in sorted(report["teams"].items()):
+        b = t.get("budget") or {}
+        fs = t.get("fair_share") or {}
+        lines.append(
+            f"| {team} | {t['cost_usd']:,.2f} | {_dur(t['waits_s'].get('p95', 0))} "
+            f"| {b.get('max_pct_of_budget', '-')} | {_dur(b['frozen_s']) if b else '-'} "
+            f"| {fs.get('gpu_share', '-')} | {fs.get('weight_share', '-')} |"
+        )
+    if report["workload"]["notes"]:
+        lines += ["", "Notes: " + "; ".join(report["workload"]["notes"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def plots(outcome: SimOutcome, report: dict[str, Any], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    days = [s.t_s / 86400 for s in outcome.samples]
+    fig, ax = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    ax[0].step(days, [s.gpus for s in outcome.samples], where="post", label="GPUs in the fleet")
+    ax[0].step(days, [s.instances for s in outcome.samples], where="post", label="instances")
+    ax[0].set_ylabel("fleet")
+    ax[0].legend(loc="upper right")
+    ax[1].step(days, [s.queued for s in outcome.samples], where="post", color="tab:red", label="queued tasks")
+    ax[1].step(days, [s.running for s in outcome.samples], where="post", color="tab:green", label="running tasks")
+    ax[1].set_ylabel("tasks")
+    ax[1].set_xlabel("virtual days")
+    ax[1].legend(loc="upper right")
+    fig.suptitle(f"Fleet and queue: {report['workload']['name']}")
+    fig.tight_layout()
+    path = out_dir / "fleet_and_queue.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax2 = plt.subplots(figsize=(10, 4))
+    for team, t in sorted(report["teams"].items()):
+        months = t.get("spend_by_month_usd") or {}
+        if not months:
+            continue
+        line = ax2.plot(list(months), list(months.values()), marker="o", label=team)
+        b = t.get("budget")
+        if b:
+            ax2.axhline(b["monthly_usd"], linestyle="--", color=line[0].get_color(), label=f"{team} {b['kind']} budget")
+    ax2.set_ylabel("USD per month")
+    ax2.set_title("Spend per team and month vs budget")
+    if ax2.lines:
+        ax2.legend(fontsize="small", ncol=3)
+    fig.tight_layout()
+    path = out_dir / "spend_vs_budget.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write(outcome: SimOutcome, report: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    (out_dir / "report.md").write_text(markdown(report))
+    return [out_dir / "report.json", out_dir / "report.md", *plots(outcome, report, out_dir)]
