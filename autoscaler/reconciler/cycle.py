@@ -40,6 +40,7 @@ from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
 from autoscaler.reconciler.record import record_cycle
 from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
@@ -169,6 +170,7 @@ class Reconciler:
         timings["act"] = (self.perf() - t4) * 1000
         timings["total"] = (self.perf() - t0) * 1000
         result.timings_ms = timings
+        crash_point("before_record")
         with transaction(self.sessions) as s:
             history = (
                 self._last_history is None
@@ -392,6 +394,7 @@ class Reconciler:
                 inst = s.get(Instance, d.instance_id) if d.instance_id else None
                 if inst is not None and inst.state == S.READY:
                     transition(s, inst, S.DRAINING, reason=d.reason, now=now)
+            crash_point("after_drain")
             result.drained.append(d.worker_id)
         self._resume_intents(now, result)
         failed_offerings: set[tuple[str, str]] = set()
@@ -402,6 +405,7 @@ class Reconciler:
             ):
                 continue
             inst_id = self._write_intent(launch, now)
+            crash_point("after_intent")
             ok = self._call_launch(inst_id, now, result)
             if not ok:
                 failed_offerings.add((launch.pool, launch.offering.key))
@@ -417,6 +421,7 @@ class Reconciler:
                 transition(s, inst, S(mark), reason=reason, now=now)
             transition(s, inst, S.TERMINATING, reason=reason, now=now)
             pid, pool = inst.provider_instance_id, inst.pool
+        crash_point("after_terminate_intent")
         provider = self.providers.get(pool)
         if pid is not None and provider is not None:
             try:
@@ -424,6 +429,7 @@ class Reconciler:
             except ProviderError as exc:
                 log.warning("terminate %s failed (%s); the next cycle retries", pid, exc.message)
                 return
+            crash_point("after_terminate_call")
         with transaction(self.sessions) as s:
             inst = s.get(Instance, inst_id)
             if inst is not None and inst.state == S.TERMINATING:
@@ -511,6 +517,7 @@ class Reconciler:
         st = self._state[request.pool]
         try:
             launched = provider.launch(request)
+            crash_point("after_provider_call")
         except ProviderError as exc:
             self._launch_failed(inst_id, request, exc, now, result)
             return False

@@ -25,7 +25,7 @@ def pools(auth: Auth, ctx: Ctx) -> list[PoolOut]:
     with tx(ctx) as s:
         auth.user(s)
         counts = dict(
-            s.execute(  # type: ignore[arg-type]
+            s.execute(
                 select(Instance.pool, func.count())
                 .where(Instance.state.in_(LIVE_INSTANCE_STATES))
                 .group_by(Instance.pool)
