@@ -188,8 +188,15 @@ class Plan:
         """A compact JSON-able form for the decision record."""
         return {
             "launches": [
-                {"pool": x.pool, "offering": x.offering.key, "team": x.team, "gpus": x.gpus,
-                 "price": x.offering.hourly_price, "tasks": len(x.answers), "reason": x.reason}
+                {
+                    "pool": x.pool,
+                    "offering": x.offering.key,
+                    "team": x.team,
+                    "gpus": x.gpus,
+                    "price": x.offering.hourly_price,
+                    "tasks": len(x.answers),
+                    "reason": x.reason,
+                }
                 for x in self.launches
             ],
             "drains": [

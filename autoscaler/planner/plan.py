@@ -43,7 +43,7 @@ from autoscaler.planner.model import (
     QueueView,
     Terminate,
 )
-from autoscaler.policy.schema import TeamDecision
+from autoscaler.policy.schema import Decision, TeamDecision
 
 INF = math.inf
 
@@ -118,10 +118,19 @@ def _pool_cost(pool: PoolView) -> float:
     return min(prices) if prices else INF
 
 
-def _ranked_pools(queue: QueueView, pools: dict[str, PoolView], cost: dict[str, float]) -> list[PoolView]:
-    # Static first, then cheapest; the queue's own order breaks ties.
-    known = [(i, pools[n]) for i, n in enumerate(queue.pools) if n in pools]
-    known.sort(key=lambda ip: (not ip[1].static, cost[ip[1].name], ip[0]))
+def _ranked_pools(
+    queue: QueueView, pools: dict[str, PoolView], cost: dict[str, float], dec: Decision
+) -> list[PoolView]:
+    # The policy's pool order wins when it gives one; otherwise static first, then
+    # cheapest, the queue's own order breaking ties. A queue the policy restricts
+    # (placement: regions, pools) only ever sees its allowed pools.
+    qd = dec.queues.get(queue.name)
+    allowed = set(qd.allowed_pools) if qd is not None and qd.allowed_pools is not None else None
+    order = {name: i for i, name in enumerate(dec.pool_order)}
+    known = [
+        (i, pools[n]) for i, n in enumerate(queue.pools) if n in pools and (allowed is None or n in allowed)
+    ]
+    known.sort(key=lambda ip: (order.get(ip[1].name, len(order)), not ip[1].static, cost[ip[1].name], ip[0]))
     return [p for _, p in known]
 
 
@@ -152,11 +161,14 @@ def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
                 continue
             started = inst.launched_at or inst.created_at
             if inp.now - started >= timedelta(seconds=pool.boot_timeout_s):
-                out.append(Terminate(
-                    inst.id, inst.pool,
-                    f"no agent registered within the boot timeout ({pool.boot_timeout_s:g} s)",
-                    mark="boot_timeout",
-                ))
+                out.append(
+                    Terminate(
+                        inst.id,
+                        inst.pool,
+                        f"no agent registered within the boot timeout ({pool.boot_timeout_s:g} s)",
+                        mark="boot_timeout",
+                    )
+                )
         elif inst.state in ("ready", "draining") and inst.worker_state in (None, "gone"):
             if inst.state == "draining":
                 out.append(Terminate(inst.id, inst.pool, "worker drained"))
@@ -199,8 +211,13 @@ def _choose_offering(
         # then cost per GPU the demand will actually use: an 8-GPU machine for 2 GPUs
         # of work is judged by its price / 2, not / 8.
         useful = min(o.gpus, max(want_gpus, unit.gpus)) if o.gpus else 1
-        key = (pool.capacity_types.index(o.capacity_type), o.hourly_price / useful, o.hourly_price,
-               o.instance_type, o.zone or "")
+        key = (
+            pool.capacity_types.index(o.capacity_type),
+            o.hourly_price / useful,
+            o.hourly_price,
+            o.instance_type,
+            o.zone or "",
+        )
         if best is None or key < best[0]:
             best = (key, o)
     if best is not None:
@@ -212,8 +229,10 @@ def _choose_offering(
         return None, f"pool {pool.name} has no instance type with {shape}"
     if too_dear:
         left = "no" if headroom <= 0 else f"{headroom:.2f} USD/h"
-        return None, (f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
-                      f"costs {cheapest_over:.2f} USD/h")
+        return None, (
+            f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
+            f"costs {cheapest_over:.2f} USD/h"
+        )
     if blocked and not type_denied:
         return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors"
     return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
@@ -267,10 +286,20 @@ def plan(inp: PlanInput) -> Plan:
         slot = _Slot(w.pool, w.gpu_count > 0, w.gpu_type, max(free, 0), worker_id=w.id)
         slots[w.pool].append(slot)
         pool = pools[w.pool]
-        if (w.state == "idle" and w.running_tasks == 0 and w.idle_since is not None and not pool.static
-                and inp.now - w.idle_since >= timedelta(seconds=pool.idle_timeout_s)):
-            idle_slots.append((slot, by_id.get(w.instance_id) if w.instance_id else None,
-                               (inp.now - w.idle_since).total_seconds()))
+        if (
+            w.state == "idle"
+            and w.running_tasks == 0
+            and w.idle_since is not None
+            and not pool.static
+            and inp.now - w.idle_since >= timedelta(seconds=pool.idle_timeout_s)
+        ):
+            idle_slots.append(
+                (
+                    slot,
+                    by_id.get(w.instance_id) if w.instance_id else None,
+                    (inp.now - w.idle_since).total_seconds(),
+                )
+            )
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slots[inst.pool].append(_Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1))
@@ -281,7 +310,7 @@ def plan(inp: PlanInput) -> Plan:
         return dec.team(team).priority_tier
 
     units.sort(key=lambda u: (-tier(u.team), -u.queue_priority, -u.priority, -u.gpus, u.order))
-    ranked = {q.name: _ranked_pools(q, pools, cost) for q in inp.queues}
+    ranked = {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues}
     allocated: Counter[str] = Counter()
     remaining: list[_Unit] = []
     placed_existing = 0
@@ -344,8 +373,9 @@ def plan(inp: PlanInput) -> Plan:
                 reasons.append(f"policy keeps team {u.team} out of pool {pool.name}")
                 continue
             if pool.backoff_until is not None and pool.backoff_until > inp.now:
-                reasons.append(f"pool {pool.name} backing off after launch errors until "
-                               f"{pool.backoff_until:%H:%M:%S}")
+                reasons.append(
+                    f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}"
+                )
                 continue
             if count[pool.name] >= max_eff[pool.name]:
                 reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
@@ -410,8 +440,15 @@ def plan(inp: PlanInput) -> Plan:
             if cheapest is None:
                 notes.append(f"pool {p.name} is below its min of {min_eff[p.name]}; no offering is free")
                 break
-            launches.append(Launch(p.name, cheapest, SHARED_TEAM, (), f"pool {p.name} keeps at least "
-                                   f"{min_eff[p.name]} instance(s)"))
+            launches.append(
+                Launch(
+                    p.name,
+                    cheapest,
+                    SHARED_TEAM,
+                    (),
+                    f"pool {p.name} keeps at least {min_eff[p.name]} instance(s)",
+                )
+            )
             count[p.name] += 1
 
     # 4. scale down ------------------------------------------------------------------------
@@ -424,16 +461,30 @@ def plan(inp: PlanInput) -> Plan:
         if count[pool.name] <= min_eff[pool.name]:
             continue
         count[pool.name] -= 1
-        drains.append(Drain(slot.worker_id, pool.name, f"idle for {idle_s:.0f} s (idle timeout "
-                            f"{pool.idle_timeout_s:g} s)", only_if_idle=True,
-                            instance_id=idle_inst.id if idle_inst else None, deadline_s=inp.drain_deadline_s))
+        drains.append(
+            Drain(
+                slot.worker_id,
+                pool.name,
+                f"idle for {idle_s:.0f} s (idle timeout {pool.idle_timeout_s:g} s)",
+                only_if_idle=True,
+                instance_id=idle_inst.id if idle_inst else None,
+                deadline_s=inp.drain_deadline_s,
+            )
+        )
     if drained_teams:
         for w in inp.workers:
             w_inst = by_id.get(w.instance_id) if w.instance_id else None
             if w_inst is not None and w_inst.team in drained_teams and w.state in ("idle", "busy"):
-                drains.append(Drain(w.id, w.pool, f"team {w_inst.team} is over its hard budget",
-                                    only_if_idle=False, instance_id=w_inst.id,
-                                    deadline_s=inp.drain_deadline_s))
+                drains.append(
+                    Drain(
+                        w.id,
+                        w.pool,
+                        f"team {w_inst.team} is over its hard budget",
+                        only_if_idle=False,
+                        instance_id=w_inst.id,
+                        deadline_s=inp.drain_deadline_s,
+                    )
+                )
 
     holds = tuple(
         Hold(team, queue, n, held_gpus[(team, queue, reason)], reason)
@@ -459,5 +510,7 @@ def _launch_reason(b: _Bin) -> str:
     gpus = sum(g for _, g in b.answers)
     queues = ", ".join(sorted({q for q, _ in b.answers}))
     what = f"{gpus} GPU(s)" if gpus else "CPU work"
-    return (f"team {b.team}: {len(b.answers)} queued task(s) in {queues} need {what}; "
-            f"{b.offering.key} at {b.offering.hourly_price:.2f} USD/h")
+    return (
+        f"team {b.team}: {len(b.answers)} queued task(s) in {queues} need {what}; "
+        f"{b.offering.key} at {b.offering.hourly_price:.2f} USD/h"
+    )

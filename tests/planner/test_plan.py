@@ -287,3 +287,16 @@ def test_fail_safe_decision_freezes_growth_and_keeps_running_work() -> None:
     p = plan(inp)
     assert p.launches == () and p.drains == ()
     assert "budgets.rego:3" in p.notes[0]
+
+
+def test_policy_queue_placement_and_pool_order_are_honoured() -> None:
+    from autoscaler.policy.schema import QueueDecision
+
+    a, b = pool("a", offerings=(offering(price=0.1),)), pool("b", offerings=(offering(price=0.9),))
+    queues = (QueueView("gpu", ("a", "b")),)
+    restricted = Decision(queues={"gpu": QueueDecision(allowed_pools=["b"])})
+    p = plan(make_input(pools=(a, b), queues=queues, demand=(demand(),), decision=restricted))
+    assert [x.pool for x in p.launches] == ["b"]
+    ordered = Decision(pool_order=["b", "a"])
+    p = plan(make_input(pools=(a, b), queues=queues, demand=(demand(),), decision=ordered))
+    assert [x.pool for x in p.launches] == ["b"]

@@ -90,9 +90,7 @@ class Rig:
     def finish(self, worker_id: str, task_id: str, reason: str = "exit", detail: str = "") -> None:
         with transaction(self.sessions) as s:
             task_ops.mark_started(s, worker_id, task_id, now=self.clock.now())
-            task_ops.finish(
-                s, worker_id, task_id, now=self.clock.now(), reason=reason, exit_code=0, detail=detail
-            )
+            task_ops.finish(s, worker_id, task_id, now=self.clock.now(), reason=reason, exit_code=0, detail=detail)
 
     def leave(self, worker_id: str) -> None:
         """The agent exits after its drain."""

@@ -86,9 +86,7 @@ def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) ->
         (inst,) = _until("the idle instance to be terminated", terminated, 40, log)
         assert (inst["pool"], inst["team"], inst["provider"]) == ("local-gpu", "vision", "local")
         reasons = [
-            line
-            for row in api.get("/api/v1/decisions", params={"limit": 200}).json()
-            for line in row["reasons"]
+            line for row in api.get("/api/v1/decisions", params={"limit": 200}).json() for line in row["reasons"]
         ]
         assert any(r.startswith("launch 1 x on_demand/local.2gpu") for r in reasons)
         assert any(r.startswith("drain worker") and "idle for" in r for r in reasons)
