@@ -60,11 +60,6 @@ def test_builds_fake_and_local(tmp_path: Path) -> None:
     assert local.root == tmp_path / "local-instances"
 
 
-def test_unsupported_kind_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"pool 'gpu': provider 'slurm' is not supported"):
-        build_provider(pool(provider="slurm"), deployment="test", home=tmp_path)
-
-
 def test_builds_aws_and_reports_bad_options(tmp_path: Path) -> None:
     from providers.aws import AwsProvider
 
