@@ -38,6 +38,13 @@ def simulate(
     if not wl.tasks:
         raise InvalidInput(f"--workload {workload}: no tasks to simulate (check --days)")
     cfg = load_config(config) if config else default_config(wl.teams)
+    from autoscaler.sim.baselines import too_wide
+
+    if wide := too_wide(wl, cfg):
+        raise InvalidInput(
+            f"{wide} task(s) need more GPUs than any instance type in the config offers; "
+            "add a wider instance type or split those tasks"
+        )
     settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate)
     with Progress(
         TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

@@ -57,6 +57,12 @@ def lower_bound(workload: Workload, config: AutoscalerConfig) -> float:
     return round(total, 2)
 
 
+def too_wide(workload: Workload, config: AutoscalerConfig) -> int:
+    """How many tasks need more GPUs than any instance type offers (they can never run)."""
+    widest = max((o.gpus for o in offerings(config)), default=0)
+    return sum(1 for t in workload.tasks if t.gpus > widest)
+
+
 def _resource(offers: list[Offering], gpus: int) -> Offering:
     """The instance a user would list for a queue of `gpus`-GPU tasks: the smallest
     machine that fits, spot if offered (ClearML tries the list in order)."""

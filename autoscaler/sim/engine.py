@@ -63,6 +63,8 @@ class SimSettings:
     preemption_per_hour: float = 0.24
     preemption_by_zone: Mapping[str, float] = field(default_factory=dict)
     notice_s: float | None = None  # None: per the pool's cloud (`NOTICE_S`), else 120 s
+    # Tests: reclaim the first spot instance exactly this long after its launch.
+    reclaim_first_spot_after_s: float | None = None
     # A cycle runs at least this often while anything is queued or alive, so budgets,
     # month turns and timeouts are noticed even when no event arrives.
     tick_s: float = 3600.0
@@ -137,6 +139,7 @@ class CycleNote:
     weights: Mapping[str, float]
     launches: int
     launch_errors: int
+    held: int
 
 
 @dataclass
@@ -208,6 +211,7 @@ class Simulation:
         self._running = 0
         self._tick_at: float | None = None
         self._idle_wakes: set[float] = set()
+        self._forced_done = False
 
     # ------------------------------------------------------------------ the loop
 
@@ -223,7 +227,7 @@ class Simulation:
         expected = last_arrival + max((t.duration_s for t in self.workload.tasks), default=0.0)
         stop_at = last_arrival + self.settings.horizon_after_last_arrival_s
         last_cycle = -math.inf
-        dirty = True
+        dirty = False  # nothing to look at before the first arrival
         while True:
             next_ev = self._heap[0][0] if self._heap else math.inf
             if dirty:
@@ -456,6 +460,7 @@ class Simulation:
                 {t: td.priority_weight for t, td in d.teams.items()},
                 len(result.launched),
                 len(result.launch_errors),
+                sum(h.tasks for h in result.plan.holds),
             )
         )
 
@@ -479,9 +484,14 @@ class Simulation:
 
     def _schedule_reclaim(self, inst: Instance, track: InstanceTrack) -> None:
         rate = self.settings.preemption_by_zone.get(inst.zone or "", self.settings.preemption_per_hour)
-        if rate <= 0:
+        forced = self.settings.reclaim_first_spot_after_s
+        if forced is not None and not self._forced_done:
+            self._forced_done = True
+            at = self.now_s + forced
+        elif rate <= 0:
             return
-        at = self.now_s + self.rng.expovariate(rate) * 3600.0
+        else:
+            at = self.now_s + self.rng.expovariate(rate) * 3600.0
         pool = self.config.pool(inst.pool)
         notice = self.settings.notice_s
         if notice is None:

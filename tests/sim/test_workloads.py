@@ -1,0 +1,88 @@
+"""Loaders on committed excerpts (see fixtures/ATTRIBUTION.md) and the one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoscaler.errors import InvalidInput
+from autoscaler.sim.synthetic import generate
+from autoscaler.sim.workload import load_workload
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_philly_excerpt() -> None:
+    wl = load_workload(f"philly:{FIX / 'philly'}")
+    assert wl.teams == ("0e4a51", "103959")
+    assert len(wl.tasks) >= 40  # 40 lines, wider jobs split
+    first = wl.tasks[0]
+    assert first.arrival_s == 0.0 and first.gpus == 1
+    # Run time = steps / throughput: the first 0e4a51 line has 95121 steps.
+    import json
+
+    table = json.loads((FIX / "philly" / "simulation_throughputs.json").read_text())["v100"]
+    rate = table["('Transformer (batch size 128)', 1)"]["null"]
+    t = next(t for t in wl.tasks if t.key == "0e4a51-1")
+    assert t.duration_s == pytest.approx(95121 / rate)
+    assert all(t.gpus <= 8 for t in wl.tasks)
+
+
+def test_alibaba_excerpt() -> None:
+    wl = load_workload(f"alibaba:{FIX / 'alibaba_pods.csv'}")
+    pod0 = next(t for t in wl.tasks if t.key == "openb-pod-0000")
+    assert (pod0.team, pod0.arrival_s, pod0.duration_s, pod0.gpus) == ("ls", 0.0, 12537496.0, 1)
+    assert wl.first_days(1).tasks == tuple(t for t in wl.tasks if t.arrival_s < 86400)
+
+
+def test_synthetic_is_seeded() -> None:
+    assert generate(3, tasks=20) == generate(3, tasks=20)
+    assert generate(3, tasks=20) != generate(4, tasks=20)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("philly:/no/such/dir", "/no/such/dir does not exist; philly expects a directory"),
+        ("alibaba:/no/such.csv", "/no/such.csv does not exist; alibaba expects"),
+        ("bogus:x", "expected KIND:PATH with KIND one of philly, alibaba, synthetic"),
+        ("synthetic:abc", "expected synthetic:SEED"),
+    ],
+)
+def test_bad_spec_is_one_clear_error(spec: str, needle: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        load_workload(spec)
+    assert needle in err.value.message
+
+
+def test_cli_prints_one_line_for_a_missing_trace(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "philly:/no/such/dir", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/no/such/dir does not exist" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_writes_the_report(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    rep = json.loads((tmp_path / "report.json").read_text())
+    for key in ("total_cost_usd", "lower_bound_usd", "waits_s", "teams"):
+        assert key in rep
+    assert set(rep["baselines"]) == {"clearml_style", "static_fleet"}
+    assert set(rep["baselines"]["clearml_style"]) >= {"total_cost_usd", "waits_s", "teams", "gpu_hours"}
+    assert rep["total_cost_usd"] >= rep["lower_bound_usd"] > 0
+    for png in ("fleet_and_queue.png", "spend_vs_budget.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| ours |" in (tmp_path / "report.md").read_text()
