@@ -1,0 +1,51 @@
+"""Simulator speed and cost/wait figures on the real traces (shared/data, read in place).
+
+    .venv/bin/python bench/simulate_traces.py --workload philly:../shared/data/traces/philly-vc-gavel [--days D]
+    .venv/bin/python bench/simulate_traces.py --workload alibaba:../shared/data/traces/alibaba-gpu-v2023/openb_pod_list_default.csv [--days D]
+
+Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
+bound and both baselines in one process, prints wall time, cycles and the comparison
+table, and writes the report (json, md, PNGs) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from autoscaler.sim import report as sim_report
+from autoscaler.sim.catalog import default_config
+from autoscaler.sim.engine import SimSettings
+from autoscaler.sim.runner import run_simulation
+from autoscaler.sim.workload import load_workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--days", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preemption-rate", type=float, default=0.24)
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    wl = load_workload(args.workload).first_days(args.days)
+    load_s = time.perf_counter() - t0
+    cfg = default_config(wl.teams)
+    outcome = run_simulation(wl, cfg, settings=SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate))
+    t1 = time.perf_counter()
+    rep = sim_report.build(outcome, None)
+    report_s = time.perf_counter() - t1
+    sim_report.write(outcome, rep, args.out)
+    print(json.dumps({
+        "tasks": len(wl.tasks), "load_s": round(load_s, 2), "sim_wall_s": round(outcome.wall_s, 1),
+        "cycles": len(outcome.cycles), "ms_per_cycle": round(1000 * outcome.wall_s / max(len(outcome.cycles), 1), 1),
+        "virtual_days": round(outcome.end_s / 86400, 2), "report_and_baselines_s": round(report_s, 2),
+    }))
+    print(sim_report.markdown(rep))
+
+
+if __name__ == "__main__":
+    main()
