@@ -65,12 +65,13 @@ def bootstrap_user_data(config: AutoscalerConfig, clock_now: Callable[[], dateti
 
 
 def build_providers(config: AutoscalerConfig, runtime: Runtime) -> dict[str, Provider]:
-    providers: dict[str, Provider] = {}
-    for pool in config.pools:
-        if pool.provider == "static":
-            continue  # on-prem machines register themselves; never launched nor terminated
-        providers[pool.name] = build_provider(pool, deployment=config.deployment, home=runtime.home)
-    return providers
+    """A provider for every pool, static ones included: a static pool's provider lists its
+    declared machines (and a typo in `options.machines` fails `up`, not silently later);
+    the reconciler never launches or terminates through it (see `Reconciler._sync`)."""
+    return {
+        pool.name: build_provider(pool, deployment=config.deployment, home=runtime.home)
+        for pool in config.pools
+    }
 
 
 def reconciler_component(runtime: Runtime) -> None:

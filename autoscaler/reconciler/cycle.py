@@ -14,6 +14,11 @@ Safety rules carried out here (the planner decides *what*, this module *how*):
 - **Passive sync before active transitions.** Listings adopt, confirm termination,
   notice preemption and loss, and find orphans (our owner tag, no record, older than the
   grace period), all before the plan is made.
+- **Static (on-prem) pools are capacity, never inventory.** Their workers (agents
+  started on machines someone else owns, with the pool's join token) are planned on
+  like any worker, but their listings never adopt, lose or orphan anything: the
+  reconciler never launches or terminates a static machine, it only drains (and the
+  planner does not drain static workers for idleness: they cost nothing to keep).
 - **Errors steer the next plan.** Capacity and quota errors block the offering (or zone,
   region, provider) for a TTL and back the pool off exponentially; transient errors
   leave the intent to be retried with the same id.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,7 +43,7 @@ from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
 from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
-from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine
+from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.reconciler.crashpoints import crash_point
@@ -84,6 +90,9 @@ class CycleResult:
     orphans: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    # Declared on-prem machines (a static pool's `options.machines`) with no live agent:
+    # not capacity until their agent registers, since nothing can be run on them.
+    static_without_agent: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
@@ -132,6 +141,8 @@ class Reconciler:
         # absorbs eventual consistency), and when an unknown tagged instance was first seen.
         self._missing_since: dict[str, datetime] = {}
         self._orphan_seen: dict[str, datetime] = {}
+        # Declared static machines last reported without an agent (logged on change only).
+        self._static_silent: dict[str, frozenset[str]] = {}
         self._last_history: datetime | None = None
         self._last_accrual: datetime | None = None
         self.last_result: CycleResult | None = None
@@ -197,7 +208,7 @@ class Reconciler:
             return observe(s, self.config, now=now, pool_state=pool_state)
 
     def evaluate(self, snap: Snapshot) -> EvaluationResult:
-        pin = policy_input(snap, self.config)
+        pin = _with_static_capacity(policy_input(snap, self.config), snap)
         try:
             return self.policy.evaluate(pin)
         except Exception as exc:  # the engine promises not to raise; fail safe if it does
@@ -246,6 +257,9 @@ class Reconciler:
         for inst in open_rows:
             by_pool.setdefault(inst.pool, []).append(inst)
         for pool_name, listed in listings.items():
+            if self.providers[pool_name].capabilities.static:
+                self._static_machines(s, pool_name, listed, result)
+                continue
             by_id = {pi.instance_id: pi for pi in listed}
             by_request = {pi.request_id: pi for pi in listed if pi.request_id}
             for inst in by_pool.get(pool_name, []):
@@ -314,6 +328,32 @@ class Reconciler:
         self._sync_workers(s, open_rows, now)
         self._interruptions(s, open_rows, now)
         return to_terminate
+
+    def _static_machines(
+        self, s: Session, pool_name: str, listed: list[ProviderInstance], result: CycleResult
+    ) -> None:
+        """Declared on-prem machines are not ours to adopt, lose or orphan (no instance rows,
+        so the planner can never terminate one); only say which have no agent running."""
+        live = set(
+            s.scalars(
+                select(Worker.instance_id).where(
+                    Worker.pool == pool_name, Worker.state.in_(("idle", "busy", "draining"))
+                )
+            )
+        )
+        silent = frozenset(pi.instance_id for pi in listed if pi.instance_id not in live)
+        result.static_without_agent.extend(sorted(silent))
+        if silent != self._static_silent.get(pool_name, frozenset()):
+            if silent:
+                log.info(
+                    "pool %s: declared machine(s) %s have no agent registered; start the agent there "
+                    "with a join token for this pool",
+                    pool_name,
+                    ", ".join(sorted(silent)),
+                )
+            else:
+                log.info("pool %s: every declared machine has an agent", pool_name)
+            self._static_silent[pool_name] = silent
 
     def _sync_workers(self, s: Session, rows: list[Instance], now: datetime) -> None:
         """Booting instances whose agent registered become ready."""
@@ -616,3 +656,26 @@ class Reconciler:
             inst.hourly_price,
             inst.region,
         )
+
+
+def _with_static_capacity(pin: PolicyInput, snap: Snapshot) -> PolicyInput:
+    """Static pools have workers but no instance rows: count their live workers as the
+    pool's instances, and the idle ones as `idle_instances`, so the policy's on-prem-first
+    rule sees idle on-prem machines (it holds cloud growth while they cover the backlog)."""
+    static = {p.name for p in snap.pools if p.static}
+    if not static:
+        return pin
+    live: Counter[str] = Counter()
+    idle: Counter[str] = Counter()
+    for w in snap.workers:
+        if w.pool in static and w.state in ("idle", "busy"):
+            live[w.pool] += 1
+            if w.state == "idle" and w.running_tasks == 0:
+                idle[w.pool] += 1
+    pools = [
+        p.model_copy(update={"current_instances": live[p.name], "idle_instances": idle[p.name]})
+        if p.name in static
+        else p
+        for p in pin.pools
+    ]
+    return pin.model_copy(update={"pools": pools})
