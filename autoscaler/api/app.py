@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from autoscaler import __version__
@@ -98,6 +99,18 @@ def create_app(ctx: AppContext) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # A dropped or refused connection (database restarting, failover, SQLite busy past
+        # its timeout) is an outage, not a bug: 503 so clients back off and retry. The
+        # pool's pre-ping replaces dead connections, so service resumes by itself.
+        if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
+            first_line = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+            log.warning("database unavailable during %s %s: %s", request.method, request.url.path, first_line)
+            return JSONResponse({"detail": "the database is unavailable; retry in a few seconds"},
+                                status_code=503, headers={"Retry-After": "2"})
+        return await unexpected(request, exc)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
