@@ -37,6 +37,19 @@ def test_unit_restarts_on_failure_and_powers_off_through_the_hook() -> None:
     assert _unit()["Install"]["WantedBy"] == "multi-user.target"
 
 
+def test_stop_signals_only_the_agent_which_drains_within_the_stop_timeout() -> None:
+    from autoscaler.agent.settings import Timing
+
+    svc = _unit()["Service"]
+    # mixed: SIGTERM to the main process only (the agent drains, then signals its tasks
+    # itself); SIGKILL to the whole cgroup only when TimeoutStopSec runs out.
+    assert svc["KillMode"] == "mixed"
+    assert svc["KillSignal"] == "SIGTERM"
+    # The agent's own deadline must end before systemd's, or tasks are killed undrained.
+    timing = Timing()
+    assert float(svc["TimeoutStopSec"]) > timing.drain_deadline_s + timing.kill_grace_s
+
+
 @pytest.fixture
 def fake_systemctl(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"

@@ -60,9 +60,3 @@ def test_with_a_secret_store_reference_no_token_at_all() -> None:
     assert agent["join_token"] is None
     assert agent["join_token_ref"] == {"kind": "aws-ssm", "name": "/demo/join/i-0abc"}
 
-
-def test_aws_module_join_prefix_matches_what_the_agent_role_may_read() -> None:
-    # The parameter name the control plane writes must sit under the path the agent
-    # role is allowed to read (terraform/modules/aws/iam.tf).
-    main = (AGENT_IMAGE.parent / "terraform" / "modules" / "aws" / "main.tf").read_text()
-    assert 'join_prefix       = "/${local.name}/join/"' in main

@@ -1,22 +1,39 @@
 """Terraform checks, offline: fmt, init/validate/test with a mocked AWS provider, and a
-round trip of the generated autoscaler.yaml through the control plane's own loader.
+round trip of the generated autoscaler.yaml through the control plane's own loader and
+provider factory.
 
 GCP and Azure modules cannot be initialised without their providers (no mirror is
-available offline); test_terraform_structure.py covers them instead.
+available offline); test_terraform_structure.py covers them instead. The slow runs
+happen together in the `background` fixture (conftest.py); each test here asserts on
+its own job.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from autoscaler.config import parse_config
-from tests.deploy.conftest import TERRAFORM, run
+from autoscaler.config import AutoscalerConfig, parse_config
+from autoscaler.provisioning import build_provider
+from tests.deploy.conftest import MOCKED, TERRAFORM, Background, run
+from tests.deploy.render_root import POOL_OPTIONS
+from tests.deploy.test_terraform_structure import _load
 
-MOCKED = ["modules/aws", "examples/aws-burst", "examples/hybrid"]
+
+def _output(step: subprocess.CompletedProcess[str]) -> str:
+    return f"$ {' '.join(map(str, step.args))}\n{step.stdout}{step.stderr}"
+
+
+def _passed(steps: list[subprocess.CompletedProcess[str]], count: int) -> list[subprocess.CompletedProcess[str]]:
+    """Every step ran and succeeded (a chain stops at its first failure)."""
+    failed = [s for s in steps if s.returncode != 0]
+    assert not failed, _output(failed[0])
+    assert len(steps) == count, [s.args for s in steps]
+    return steps
 
 
 def test_fmt(terraform: str) -> None:
@@ -24,52 +41,26 @@ def test_fmt(terraform: str) -> None:
     assert res.returncode == 0, f"run `terraform fmt -recursive terraform`:\n{res.stdout}{res.stderr}"
 
 
-def test_config_module_tests_need_no_provider(terraform: str, tf_env: dict[str, str]) -> None:
-    d = TERRAFORM / "modules" / "config"
-    init = run([terraform, "init", "-backend=false", "-input=false", "-no-color"], cwd=d, env=tf_env)
-    assert init.returncode == 0, init.stderr
-    res = run([terraform, "test", "-no-color"], cwd=d, env=tf_env)
-    assert res.returncode == 0 and "0 failed" in res.stdout, res.stdout + res.stderr
+def test_config_module_tests_need_no_provider(background: Background) -> None:
+    *_, test = _passed(background.result("modules/config"), 2)
+    assert " passed, 0 failed" in test.stdout, test.stdout
 
 
 @pytest.mark.parametrize("rel", MOCKED)
-def test_init_validate_and_mocked_test(terraform: str, tf_env: dict[str, str], rel: str) -> None:
-    d = TERRAFORM / rel
-    init = run([terraform, "init", "-backend=false", "-input=false", "-no-color"], cwd=d, env=tf_env)
-    assert init.returncode == 0, init.stdout + init.stderr
-    val = run([terraform, "validate", "-no-color"], cwd=d, env=tf_env)
-    assert val.returncode == 0, val.stdout + val.stderr
-    res = run([terraform, "test", "-no-color"], cwd=d, env=tf_env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert " passed, 0 failed" in res.stdout, res.stdout
+def test_init_validate_and_mocked_test(background: Background, rel: str) -> None:
+    _init, _validate, test = _passed(background.result(rel), 3)
+    assert " passed, 0 failed" in test.stdout, test.stdout
 
 
-def test_generated_config_is_accepted_by_the_control_plane(terraform: str, tf_env: dict[str, str],
-                                                          tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    shutil.copytree(TERRAFORM / "modules" / "config", tmp_path / "config")
-    (root / "main.tf").write_text(
-        'module "c" {\n  source = "../config"\n  deployment = "demo"\n'
-        '  public_url = "https://gpu.example.com"\n'
-        '  teams  = [{ name = "vision" }, { name = "nlp" }]\n'
-        '  queues = [{ name = "gpu", pools = ["onprem", "burst"], priority = 5, teams = ["vision"] }]\n'
-        '  pools = [\n'
-        '    { name = "onprem", provider = "static", region = "dc1", max_instances = 2 },\n'
-        '    { name = "burst", provider = "aws", region = "eu-west-1", capacity_types = ["spot", "on_demand"],\n'
-        '      idle_timeout_s = 120, instance_types = [{ name = "g5.xlarge", gpus = 1, gpu_type = "A10G",'
-        ' cpus = 4, memory_mb = 16384, on_demand_price = 1.006 }] },\n'
-        '  ]\n'
-        '  pool_options_provider = "aws"\n'
-        '  pool_options = { subnet_ids = ["subnet-a"], instance_profile = "demo-agent" }\n'
-        '  policy_files = { "data/budgets.yaml" = "teams: {}" }\n'
-        '}\noutput "yaml" { value = module.c.yaml }\n'
-    )
-    assert run([terraform, "init", "-backend=false", "-input=false"], cwd=root, env=tf_env).returncode == 0
-    apply = run([terraform, "apply", "-auto-approve", "-input=false", "-no-color"], cwd=root, env=tf_env)
-    assert apply.returncode == 0, apply.stdout + apply.stderr
-    out = run([terraform, "output", "-json"], cwd=root, env=tf_env)
-    cfg = parse_config(json.loads(out.stdout)["yaml"]["value"], root / "autoscaler.yaml")
+@pytest.fixture(scope="module")
+def rendered(background: Background, tmp_path_factory: pytest.TempPathFactory) -> dict[str, AutoscalerConfig]:
+    *_, out = _passed(background.result("render"), 3)
+    where = tmp_path_factory.mktemp("rendered") / "autoscaler.yaml"
+    return {name.removesuffix("_yaml"): parse_config(o["value"], where) for name, o in json.loads(out.stdout).items()}
+
+
+def test_generated_config_is_accepted_by_the_control_plane(rendered: dict[str, AutoscalerConfig]) -> None:
+    cfg = rendered["yaml"]
     assert cfg.deployment == "demo"
     assert cfg.server.tls_terminated_upstream and cfg.server.public_url == "https://gpu.example.com"
     burst = cfg.pool("burst")
@@ -77,3 +68,47 @@ def test_generated_config_is_accepted_by_the_control_plane(terraform: str, tf_en
     assert burst.instance_types[0].on_demand_price == pytest.approx(1.006)
     assert cfg.pool("onprem") is not None and cfg.pool("onprem").options == {}  # type: ignore[union-attr]
     assert cfg.policy.dir == "/etc/autoscaler/policies"
+
+
+def test_sample_options_are_the_keys_each_cloud_module_emits() -> None:
+    # The build test below uses POOL_OPTIONS; this ties those keys to the modules' own
+    # pool_options blocks, so a key added or renamed in Terraform reaches the build.
+    for cloud in ("aws", "gcp", "azure"):
+        config = _load(cloud)["module"][0]["config"]
+        assert config["pool_options_provider"] == cloud
+        assert set(config["pool_options"]) == set(POOL_OPTIONS[cloud]), cloud
+
+
+def _seams(provider: str) -> dict[str, Any]:
+    """Credentials stand-ins: building a driver must not look for real ones."""
+    if provider == "gcp":
+        from google.auth.credentials import AnonymousCredentials
+
+        return {"credentials": AnonymousCredentials()}  # type: ignore[no-untyped-call]
+    if provider == "azure":
+        from azure.core.credentials import AccessToken
+
+        class NoCredential:
+            def get_token(self, *scopes: str, **kw: Any) -> AccessToken:
+                raise AssertionError("building a provider must not fetch a token")
+
+        return {"credential": NoCredential()}
+    return {}
+
+
+def test_every_rendered_pool_builds_with_the_real_provider(rendered: dict[str, AutoscalerConfig],
+                                                          tmp_path: Path) -> None:
+    built: dict[str, Any] = {}
+    for cfg in rendered.values():
+        for pool in cfg.pools:
+            built[pool.name] = build_provider(pool, deployment=cfg.deployment, home=tmp_path,
+                                              **_seams(pool.provider))
+    assert set(built) == {"onprem", "burst", "aws-burst", "gcp-l4", "azure-t4"}
+    aws = built["aws-burst"].settings
+    assert aws.subnets == ("subnet-a", "subnet-b") and aws.security_group_ids == ("sg-0agent",)
+    assert aws.instance_profile == "demo-agent"
+    gcp = built["gcp-l4"].settings
+    assert (gcp.project, gcp.name_prefix, gcp.external_ip) == ("demo-project", "demo", False)
+    assert gcp.service_account == POOL_OPTIONS["gcp"]["service_account"]
+    azure = built["azure-t4"].settings
+    assert azure.subnet_id.endswith("/subnets/agents") and azure.resource_group == "demo-agents"

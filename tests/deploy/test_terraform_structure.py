@@ -87,6 +87,16 @@ def test_gcp_pool_options_are_what_the_gcp_provider_accepts() -> None:
     assert config["pool_options"]["name_prefix"] == "${local.name}"  # the IAM condition keys on it
 
 
+def test_azure_pool_options_are_what_the_azure_provider_accepts() -> None:
+    from providers.azure.settings import _KNOWN
+
+    config = _load("azure")["module"][0]["config"]
+    assert config["pool_options_provider"] == "azure"
+    assert set(config["pool_options"]) <= _KNOWN
+    # AzureSettings.from_options refuses a pool without these.
+    assert {"subscription_id", "resource_group", "subnet_id", "ssh_public_key"} <= set(config["pool_options"])
+
+
 def test_gcp_control_plane_may_only_touch_its_own_vms() -> None:
     doc = _load("gcp")
     members = _resources(doc, "google_project_iam_member")
@@ -96,9 +106,11 @@ def test_gcp_control_plane_may_only_touch_its_own_vms() -> None:
     assert 'agent_names = "projects/${var.project_id}/zones/${var.zone}/instances/${local.name}-"' in _text("gcp")
     roles = {m["role"] for m in members.values()}
     assert not roles & {"roles/owner", "roles/editor", "roles/compute.admin", "roles/compute.instanceAdmin.v1"}
+    # Join tokens travel in instance metadata: agents need no project role, and the
+    # control plane no Secret Manager rights beyond the admin token's own secret.
     agent = [m for m in members.values() if "google_service_account.agent" in m["member"]]
-    assert [m["role"] for m in agent] == ["roles/secretmanager.secretAccessor"]
-    assert "local.join_prefix" in agent[0]["condition"][0]["expression"]
+    assert agent == []
+    assert "roles/secretmanager.admin" not in roles
 
 
 def test_gcp_database_is_private_and_passwordless() -> None:
@@ -113,12 +125,21 @@ def test_azure_identities_are_scoped() -> None:
     assignments = _resources(_load("azure"), "azurerm_role_assignment")
     by_principal: dict[str, list[tuple[str, str]]] = {}
     for a in assignments.values():
-        by_principal.setdefault(a["principal_id"], []).append((a["role_definition_name"], a["scope"]))
-    agent = by_principal["${azurerm_user_assigned_identity.agent.principal_id}"]
-    assert agent == [("Key Vault Secrets User", "${azurerm_key_vault.this.id}")]
+        role = a.get("role_definition_name") or a["role_definition_id"]
+        by_principal.setdefault(a["principal_id"], []).append((role, a["scope"]))
+    # Agent VMs carry no identity (the join token comes in customData); only the
+    # control plane holds roles.
+    assert set(by_principal) == {"${azurerm_user_assigned_identity.control_plane.principal_id}"}
     cp = dict(by_principal["${azurerm_user_assigned_identity.control_plane.principal_id}"])
     assert cp["Virtual Machine Contributor"] == "${data.azurerm_resource_group.agents.id}"
+    assert cp["${azurerm_role_definition.subnet_joiner.role_definition_resource_id}"] == "${local.agent_subnet_id}"
     assert all("subscription" not in scope for scope in cp.values())
+    joiner = _resources(_load("azure"), "azurerm_role_definition")["subnet_joiner"]
+    assert joiner["permissions"][0]["actions"] == [
+        "Microsoft.Network/virtualNetworks/subnets/join/action",
+        "Microsoft.Network/virtualNetworks/subnets/read",
+    ]
+    assert joiner["assignable_scopes"] == ["${local.agent_subnet_id}"]
 
 
 def test_azure_database_and_vault_are_private() -> None:

@@ -14,6 +14,7 @@ locals {
     "${local.ec2_arn}:spot-instances-request/*",
     "${local.ec2_arn}:fleet/*",
   ]
+  launch_templates = "${local.ec2_arn}:launch-template/*"
 
   control_plane_policy = {
     Version = "2012-10-17"
@@ -43,8 +44,8 @@ locals {
         Sid       = "TagOnlyAtLaunch"
         Effect    = "Allow"
         Action    = "ec2:CreateTags"
-        Resource  = local.launched_resources
-        Condition = { StringEquals = { "ec2:CreateAction" = ["RunInstances", "CreateFleet"] } }
+        Resource  = concat(local.launched_resources, [local.launch_templates])
+        Condition = { StringEquals = { "ec2:CreateAction" = ["RunInstances", "CreateFleet", "CreateLaunchTemplate"] } }
       },
       {
         Sid       = "TerminateOnlyOwnerTagged"
@@ -85,10 +86,20 @@ locals {
         Condition = { StringEquals = { "iam:AWSServiceName" = "spot.amazonaws.com" } }
       },
       {
-        Sid      = "WriteJoinTokens"
-        Effect   = "Allow"
-        Action   = ["ssm:PutParameter", "ssm:DeleteParameter", "ssm:AddTagsToResource", "ssm:GetParameter"]
-        Resource = local.join_param_arn
+        # launch_api "fleet" (the driver's default) writes a one-shot launch template per
+        # request (CreateFleet takes no inline instance data) and deletes it right after.
+        Sid       = "LaunchTemplatesOnlyOwnerTagged"
+        Effect    = "Allow"
+        Action    = "ec2:CreateLaunchTemplate"
+        Resource  = local.launch_templates
+        Condition = { StringEquals = local.owner_filter }
+      },
+      {
+        Sid       = "DeleteOwnLaunchTemplates"
+        Effect    = "Allow"
+        Action    = "ec2:DeleteLaunchTemplate"
+        Resource  = local.launch_templates
+        Condition = { StringEquals = { "ec2:ResourceTag/${local.owner_tag_key}" = local.name } }
       },
       {
         Sid      = "KeepAdminToken"
@@ -126,29 +137,6 @@ locals {
     ]
   }
 
-  agent_policy = {
-    Version = "2012-10-17"
-    Statement = [
-      {
-        # Each join token parameter is tagged with the ARN of the instance it was made
-        # for; ec2:SourceInstanceARN is the instance whose role credentials sign the
-        # request, so an agent reads its own token and no other.
-        Sid       = "ReadOwnJoinToken"
-        Effect    = "Allow"
-        Action    = "ssm:GetParameter"
-        Resource  = local.join_param_arn
-        Condition = { StringEquals = { "ssm:resourceTag/autoscaler-instance-arn" = "$${ec2:SourceInstanceARN}" } }
-      },
-      {
-        Sid       = "DecryptJoinTokenThroughSsm"
-        Effect    = "Allow"
-        Action    = "kms:Decrypt"
-        Resource  = aws_kms_key.this.arn
-        Condition = { StringEquals = { "kms:ViaService" = "ssm.${local.region}.amazonaws.com" } }
-      },
-    ]
-  }
-
   ec2_trust = {
     Version = "2012-10-17"
     Statement = [{
@@ -177,16 +165,12 @@ resource "aws_iam_instance_profile" "control_plane" {
   tags = local.tags
 }
 
+# No policy: an agent needs nothing from AWS to join (its one-time join token comes in
+# user-data). Operators attach what their tasks need (ECR pulls, S3 data) to this role.
 resource "aws_iam_role" "agent" {
   name               = "${local.name}-agent"
   assume_role_policy = jsonencode(local.ec2_trust)
   tags               = local.tags
-}
-
-resource "aws_iam_role_policy" "agent" {
-  name   = "autoscaler-agent"
-  role   = aws_iam_role.agent.id
-  policy = jsonencode(local.agent_policy)
 }
 
 resource "aws_iam_instance_profile" "agent" {

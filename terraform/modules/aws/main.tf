@@ -1,7 +1,7 @@
 # The control plane on AWS: one EC2 host running the control plane container behind an
 # HTTPS load balancer, RDS PostgreSQL for state, a KMS key for everything at rest, and
 # two IAM roles: the control plane's (launch/terminate only this deployment's agents)
-# and the agents' (read only their own one-time join token).
+# and the agents' (no permission: an agent needs none from AWS to join).
 # The host is stateless (state is in RDS), so a change of configuration or image
 # replaces it; migrations run when the new one starts.
 
@@ -24,10 +24,6 @@ locals {
   # The tag every agent instance carries; IAM conditions key on it.
   owner_tag_key = "autoscaler-owner" # providers.base.TAG_OWNER
 
-  # One-time join tokens: /<deployment>/join/<instance-id>, SecureString, tagged with the
-  # instance ARN so that only that instance's role session may read it.
-  join_prefix       = "/${local.name}/join/"
-  join_param_arn    = "${local.arn_prefix}:ssm:${local.region}:${local.account_id}:parameter${local.join_prefix}*"
   admin_token_param = "/${local.name}/admin-token"
 
   api_host = coalesce(var.domain_name, aws_lb.api.dns_name)
@@ -51,14 +47,15 @@ module "config" {
   opa_url       = var.opa_url
   policy_files  = var.policy_files
 
-  # The settings providers/aws reads from a pool's options (docs/deploy.md lists them).
+  # Only keys providers/aws/settings.py knows (it refuses others; tests/deploy builds
+  # every pool of the rendered file with the real driver). No join-token store: the
+  # control plane puts each one-time join token into the launch's user-data
+  # (docs/deploy.md, "Join tokens").
   pool_options_provider = "aws"
   pool_options = {
-    subnet_ids         = local.agent_subnet_ids
+    subnets            = local.agent_subnet_ids
     security_group_ids = [aws_security_group.agent.id]
     instance_profile   = aws_iam_instance_profile.agent.name
-    join_token_store   = "aws-ssm"
-    join_token_prefix  = local.join_prefix
   }
 }
 

@@ -30,11 +30,6 @@ output "agent_security_group_id" {
   value = aws_security_group.agent.id
 }
 
-output "join_token_prefix" {
-  description = "SSM path under which the control plane writes one-time join tokens."
-  value       = local.join_prefix
-}
-
 output "control_plane_role_arn" {
   value = aws_iam_role.control_plane.arn
 }

@@ -106,7 +106,7 @@ variable "queues" {
 variable "pools" {
   type        = any
   default     = []
-  description = "Pools as in modules/config; aws pools get this module's subnets, security group, instance profile and join-token store."
+  description = "Pools as in modules/config; aws pools get this module's subnets, security group, and instance profile."
 }
 
 variable "policy_engine" {

@@ -1,8 +1,9 @@
 # The control plane on Azure: a Linux VM running the control plane container, Azure
 # Database for PostgreSQL flexible server (private, Entra ID login: no password), Key
-# Vault for the admin token and join tokens, and two user-assigned managed identities:
-# the control plane's (VM contributor on the agent resource group only) and the
-# agents' (read secrets of this vault only). No azurerm provider mirror exists here:
+# Vault for the admin token, and the control plane's user-assigned managed identity (VM
+# contributor on the agent resource group only). Agent VMs get no identity: an agent's
+# one-time join token comes in its customData (docs/deploy.md). No azurerm provider
+# mirror exists here:
 # checked by fmt, checkov and structure tests (tests/deploy/test_terraform_structure.py).
 
 data "azurerm_client_config" "current" {}
@@ -12,8 +13,9 @@ data "azurerm_resource_group" "agents" {
 }
 
 locals {
-  name = var.deployment
-  tags = merge(var.tags, { "autoscaler-deployment" = local.name })
+  name            = var.deployment
+  agent_subnet_id = coalesce(var.agent_subnet_id, var.subnet_id)
+  tags            = merge(var.tags, { "autoscaler-deployment" = local.name })
 }
 
 module "config" {
@@ -26,23 +28,21 @@ module "config" {
   pools        = var.pools
   policy_files = var.policy_files
 
+  # Only keys providers/azure/settings.py knows (it refuses others and requires these
+  # four; tests/deploy builds every pool of the rendered file with the real driver).
   pool_options_provider = "azure"
   pool_options = {
-    resource_group    = var.agent_resource_group_name
-    agent_identity_id = azurerm_user_assigned_identity.agent.id
-    key_vault_url     = azurerm_key_vault.this.vault_uri
+    subscription_id = data.azurerm_client_config.current.subscription_id
+    resource_group  = var.agent_resource_group_name
+    subnet_id       = local.agent_subnet_id
+    # Azure requires a key for a Linux VM with password login disabled; nobody needs
+    # to log in to an agent, so the host's admin key is the default.
+    ssh_public_key = coalesce(var.agent_ssh_public_key, var.admin_ssh_public_key)
   }
 }
 
 resource "azurerm_user_assigned_identity" "control_plane" {
   name                = "${local.name}-control-plane"
-  location            = var.location
-  resource_group_name = var.resource_group_name
-  tags                = local.tags
-}
-
-resource "azurerm_user_assigned_identity" "agent" {
-  name                = "${local.name}-agent"
   location            = var.location
   resource_group_name = var.resource_group_name
   tags                = local.tags
@@ -56,11 +56,26 @@ resource "azurerm_role_assignment" "control_plane_vms" {
   principal_id         = azurerm_user_assigned_identity.control_plane.principal_id
 }
 
-# Launching a VM with the agent identity attached requires operating that identity.
-resource "azurerm_role_assignment" "control_plane_assigns_agent_identity" {
-  scope                = azurerm_user_assigned_identity.agent.id
-  role_definition_name = "Managed Identity Operator"
-  principal_id         = azurerm_user_assigned_identity.control_plane.principal_id
+# The agent NIC joins the agent subnet, which usually sits in the network team's
+# resource group, outside the one above: a custom role with only the join action, on
+# that one subnet.
+resource "azurerm_role_definition" "subnet_joiner" {
+  name              = "${local.name}-autoscaler-subnet-joiner"
+  scope             = local.agent_subnet_id
+  description       = "Attach agent NICs of ${local.name} to the agent subnet."
+  assignable_scopes = [local.agent_subnet_id]
+  permissions {
+    actions = [
+      "Microsoft.Network/virtualNetworks/subnets/join/action",
+      "Microsoft.Network/virtualNetworks/subnets/read",
+    ]
+  }
+}
+
+resource "azurerm_role_assignment" "control_plane_joins_agent_subnet" {
+  scope              = local.agent_subnet_id
+  role_definition_id = azurerm_role_definition.subnet_joiner.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.control_plane.principal_id
 }
 
 resource "azurerm_key_vault" "this" {
@@ -86,15 +101,6 @@ resource "azurerm_role_assignment" "control_plane_secrets" {
   scope                = azurerm_key_vault.this.id
   role_definition_name = "Key Vault Secrets Officer"
   principal_id         = azurerm_user_assigned_identity.control_plane.principal_id
-}
-
-# Agents read secrets of this vault only. Azure RBAC could scope to one secret, but the
-# secret is made per launch; tokens are one-time and bound to the first instance that
-# registers, so a token read by another agent of the same deployment is worthless.
-resource "azurerm_role_assignment" "agent_join_tokens" {
-  scope                = azurerm_key_vault.this.id
-  role_definition_name = "Key Vault Secrets User"
-  principal_id         = azurerm_user_assigned_identity.agent.principal_id
 }
 
 resource "azurerm_postgresql_flexible_server" "this" {

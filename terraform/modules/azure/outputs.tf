@@ -7,10 +7,6 @@ output "admin_token_secret" {
   value       = "${azurerm_key_vault.this.vault_uri}secrets/admin-token"
 }
 
-output "agent_identity_id" {
-  value = azurerm_user_assigned_identity.agent.id
-}
-
 output "key_vault_uri" {
   value = azurerm_key_vault.this.vault_uri
 }

@@ -22,6 +22,12 @@ variable "subnet_id" {
   description = "Subnet of the control plane host."
 }
 
+variable "agent_subnet_id" {
+  type        = string
+  default     = null
+  description = "Full resource id of the subnet agent VMs' NICs join; default: subnet_id."
+}
+
 variable "db_subnet_id" {
   type        = string
   description = "Subnet delegated to Microsoft.DBforPostgreSQL/flexibleServers."
@@ -49,6 +55,12 @@ variable "public_url" {
 variable "admin_ssh_public_key" {
   type        = string
   description = "SSH public key for the host's admin user (password login is disabled)."
+}
+
+variable "agent_ssh_public_key" {
+  type        = string
+  default     = null
+  description = "SSH public key put on agent VMs (Azure requires one; password login is off); default: admin_ssh_public_key."
 }
 
 variable "db_sku" {

@@ -1,14 +1,14 @@
 # The control plane on GCP: a Container-Optimized OS VM running the control plane
 # container, Cloud SQL PostgreSQL on a private IP, the database password and admin token
 # in Secret Manager, and two service accounts: the control plane's (create/delete only
-# VMs named for this deployment) and the agents' (read only this deployment's join
-# tokens). There is no GCP provider mirror here: the module is checked by fmt, checkov
-# and structure tests (tests/deploy/test_terraform_structure.py).
+# VMs named for this deployment) and the agents' (no role: an agent's one-time join
+# token comes in its instance metadata, docs/deploy.md). There is no GCP provider
+# mirror here: the module is checked by fmt, checkov and structure tests
+# (tests/deploy/test_terraform_structure.py).
 
 locals {
   name        = var.deployment
   agent_names = "projects/${var.project_id}/zones/${var.zone}/instances/${local.name}-"
-  join_prefix = "${local.name}-join-"
   labels      = merge(var.labels, { autoscaler-deployment = local.name })
 }
 
@@ -103,31 +103,4 @@ resource "google_service_account_iam_member" "control_plane_uses_agent" {
   service_account_id = google_service_account.agent.name
   role               = "roles/iam.serviceAccountUser"
   member             = "serviceAccount:${google_service_account.control_plane.email}"
-}
-
-# Join tokens are secrets named "<deployment>-join-<instance>": the control plane
-# manages them, agents may read them (GCP cannot bind a secret to one VM of a shared
-# service account; tokens are one-time and bound at first use, see docs/deploy.md).
-resource "google_project_iam_member" "control_plane_join_tokens" {
-  project = var.project_id
-  role    = "roles/secretmanager.admin"
-  member  = "serviceAccount:${google_service_account.control_plane.email}"
-  condition {
-    title      = "only-${local.name}-join-tokens"
-    expression = "resource.name.startsWith(\"projects/${data.google_project.this.number}/secrets/${local.join_prefix}\")"
-  }
-}
-
-resource "google_project_iam_member" "agent_join_tokens" {
-  project = var.project_id
-  role    = "roles/secretmanager.secretAccessor"
-  member  = "serviceAccount:${google_service_account.agent.email}"
-  condition {
-    title      = "only-${local.name}-join-tokens"
-    expression = "resource.name.startsWith(\"projects/${data.google_project.this.number}/secrets/${local.join_prefix}\")"
-  }
-}
-
-data "google_project" "this" {
-  project_id = var.project_id
 }

@@ -11,10 +11,6 @@ output "agent_service_account" {
   value = google_service_account.agent.email
 }
 
-output "join_token_secret_prefix" {
-  value = local.join_prefix
-}
-
 output "config_yaml" {
   value = module.config.yaml
 }

@@ -108,19 +108,25 @@ run "iam_is_scoped_to_this_deployment" {
     error_message = "iam:PassRole must be limited to the agent role."
   }
 
-  # The agent role: one join-token read, limited to the instance's own parameter.
+  # launch_api "fleet" (the driver's default) creates and deletes a launch template per
+  # request; both only for templates owned by this deployment.
   assert {
-    condition = (
-      flatten([for s in jsondecode(aws_iam_role_policy.agent.policy).Statement : s.Action]) == ["ssm:GetParameter", "kms:Decrypt"]
-    )
-    error_message = "The agent role must only read its join token (and decrypt it through SSM)."
+    condition = length([
+      for s in jsondecode(aws_iam_role_policy.control_plane.policy).Statement : s
+      if s.Action == "ec2:CreateLaunchTemplate" && s.Resource == "arn:aws:ec2:eu-west-1:123456789012:launch-template/*"
+      && try(s.Condition.StringEquals["aws:RequestTag/autoscaler-owner"], "") == "demo"
+      ]) == 1 && length([
+      for s in jsondecode(aws_iam_role_policy.control_plane.policy).Statement : s
+      if s.Action == "ec2:DeleteLaunchTemplate" && try(s.Condition.StringEquals["ec2:ResourceTag/autoscaler-owner"], "") == "demo"
+    ]) == 1
+    error_message = "The fleet launch path needs owner-scoped CreateLaunchTemplate and DeleteLaunchTemplate."
   }
   assert {
-    condition = (
-      jsondecode(aws_iam_role_policy.agent.policy).Statement[0].Resource == "arn:aws:ssm:eu-west-1:123456789012:parameter/demo/join/*"
-      && jsondecode(aws_iam_role_policy.agent.policy).Statement[0].Condition.StringEquals["ssm:resourceTag/autoscaler-instance-arn"] == "$${ec2:SourceInstanceARN}"
-    )
-    error_message = "The join token read must be limited to this deployment's path and the caller's own instance."
+    condition = length([
+      for s in jsondecode(aws_iam_role_policy.control_plane.policy).Statement : s
+      if anytrue([for a in flatten([s.Action]) : startswith(a, "ssm:")]) && s.Resource != "arn:aws:ssm:eu-west-1:123456789012:parameter/demo/admin-token"
+    ]) == 0
+    error_message = "The control plane may touch only the admin-token parameter in SSM (join tokens travel in user-data)."
   }
 }
 
@@ -172,9 +178,10 @@ run "configuration_flows_from_terraform" {
     condition = (
       yamldecode(output.config_yaml).pools[0].options.instance_profile == "demo-agent"
       && yamldecode(output.config_yaml).pools[0].options.security_group_ids == ["sg-0agent"]
-      && yamldecode(output.config_yaml).pools[0].options.join_token_store == "aws-ssm"
+      && yamldecode(output.config_yaml).pools[0].options.subnets == ["subnet-a", "subnet-b"]
+      && keys(yamldecode(output.config_yaml).pools[0].options) == ["instance_profile", "security_group_ids", "subnets"]
     )
-    error_message = "AWS pools must receive the agent instance profile, security group and join-token store."
+    error_message = "AWS pools must receive the agent subnets, instance profile and security group, under the names providers/aws/settings.py reads."
   }
   assert {
     condition     = yamldecode(output.config_yaml).pools[1].options == {}

@@ -8,7 +8,7 @@ variables {
     { name = "burst", provider = "aws", max_instances = 4, instance_types = [{ name = "g5.xlarge", gpus = 1, spot_price = 0.5 }] },
     { name = "onprem", provider = "static", options = { note = "rack 3" } },
   ]
-  pool_options          = { subnet_ids = ["subnet-a"], instance_profile = "demo-agent" }
+  pool_options          = { subnets = ["subnet-a"], instance_profile = "demo-agent" }
   pool_options_provider = "aws"
 }
 
@@ -27,7 +27,7 @@ run "unset_attributes_are_left_to_the_control_plane" {
 run "provider_settings_reach_only_their_pools" {
   command = plan
   assert {
-    condition     = yamldecode(output.yaml).pools[0].options == { subnet_ids = ["subnet-a"], instance_profile = "demo-agent" }
+    condition     = yamldecode(output.yaml).pools[0].options == { subnets = ["subnet-a"], instance_profile = "demo-agent" }
     error_message = "AWS pools must get the module's settings."
   }
   assert {
