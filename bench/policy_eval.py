@@ -1,21 +1,29 @@
 """Evaluation time of the shipped policies at scale: 100 teams x 50 pools x 1,000 queues.
 
-    .venv/bin/python bench/policy_eval.py [--runs 30]
+    .venv/bin/python bench/policy_eval.py [--runs 30] [--baseline DIR]
 
 Prints the median and p99 of `PolicyService.evaluate` for the isolated engine (child
-process, what the server runs) and in-process (what the simulator runs), and the
-child round-trip overhead on a tiny input.
+process, what the server runs) and in-process (what the simulator runs), the child
+round-trip overhead on a tiny input, and how long rego-cpp takes just to read the
+large input (`set_input_term`), which no policy change can remove.
+
+`--baseline DIR` measures another policy directory in the same run, so before/after
+figures share the machine's load (for example an earlier revision:
+`git archive <rev> policies | tar -x -C /tmp/before`, then `--baseline /tmp/before/policies`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 from autoscaler.config import PolicyConfig
 from autoscaler.policy.cases import complete_input
+from autoscaler.policy.engines import input_document
 from autoscaler.policy.schema import PolicyInput
 from autoscaler.policy.service import PolicyService
 
@@ -71,14 +79,29 @@ def big_input(teams: int, pools: int, queues: int, seed: int = 7) -> PolicyInput
     )
 
 
-def measure(service: PolicyService, policy_input: PolicyInput, runs: int) -> list[float]:
-    service.evaluate(policy_input)  # warm-up
+def measure(service: PolicyService, policy_input: PolicyInput, runs: int, *, warm_up: bool = True) -> list[float]:
+    if warm_up:
+        service.evaluate(policy_input)
     times = []
     for _ in range(runs):
         started = time.perf_counter()
         result = service.evaluate(policy_input)
         times.append((time.perf_counter() - started) * 1000)
         assert result.error is None, result.error
+    return times
+
+
+def input_read_ms(policy_input: PolicyInput, runs: int) -> list[float]:
+    """rego-cpp reading the input document alone: the floor under any policy."""
+    from regopy import Interpreter
+
+    text = json.dumps(input_document(policy_input))
+    interp = Interpreter()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        interp.set_input_term(text)
+        times.append((time.perf_counter() - started) * 1000)
     return times
 
 
@@ -92,6 +115,7 @@ def main() -> None:
     parser.add_argument("--teams", type=int, default=100)
     parser.add_argument("--pools", type=int, default=50)
     parser.add_argument("--queues", type=int, default=1000)
+    parser.add_argument("--baseline", type=Path, help="another policy directory to measure in the same run")
     args = parser.parse_args()
     big = big_input(args.teams, args.pools, args.queues)
     tiny = complete_input({"now": "2026-03-16T00:00:00Z", "teams": [{"name": "research"}]})
@@ -99,20 +123,36 @@ def main() -> None:
         f"input: {args.teams} teams x {args.pools} pools x {args.queues} queues, "
         f"{len(big.model_dump_json())} bytes of JSON; {args.runs} runs each"
     )
-    rows = {}
+    dirs: list[tuple[str, str | None]] = [("shipped", None)]
+    if args.baseline:
+        dirs.insert(0, ("baseline", str(args.baseline)))
+    rows: dict[tuple[str, str, str], list[float]] = {}
     for isolate in (True, False):
-        service = PolicyService(PolicyConfig(timeout_s=120), isolate=isolate)
+        mode = "isolated" if isolate else "in-process"
+        services = {label: PolicyService(PolicyConfig(dir=d, timeout_s=120), isolate=isolate) for label, d in dirs}
         try:
-            rows[("isolated" if isolate else "in-process", "large")] = measure(service, big, args.runs)
-            rows[("isolated" if isolate else "in-process", "tiny")] = measure(service, tiny, args.runs * 10)
+            # Interleaved, one run of each directory in turn, so a load spike on a shared
+            # machine hits before and after alike.
+            for size, policy_input, runs in (("large", big, args.runs), ("tiny", tiny, args.runs * 10)):
+                for label, service in services.items():
+                    rows[(label, mode, size)] = []
+                    service.evaluate(policy_input)  # warm-up
+                for _ in range(runs):
+                    for label, service in services.items():
+                        rows[(label, mode, size)] += measure(service, policy_input, 1, warm_up=False)
         finally:
-            service.close()
-    for (mode, size), xs in rows.items():
-        print(f"{mode:10s} {size:5s} median {statistics.median(xs):9.2f} ms   p99 {p99(xs):9.2f} ms")
-    iso = statistics.median(rows[("isolated", "tiny")])
-    inproc = statistics.median(rows[("in-process", "tiny")])
+            for service in services.values():
+                service.close()
+    for (label, mode, size), xs in rows.items():
+        print(f"{label:8s} {mode:10s} {size:5s} median {statistics.median(xs):9.2f} ms   p99 {p99(xs):9.2f} ms")
+    read = input_read_ms(big, args.runs)
+    print(f"rego-cpp reading the large input alone: median {statistics.median(read):.2f} ms")
+    iso = statistics.median(rows[("shipped", "isolated", "tiny")])
+    inproc = statistics.median(rows[("shipped", "in-process", "tiny")])
     print(f"child round-trip overhead on a tiny input: {iso - inproc:.2f} ms (ratio {iso / inproc:.2f}x)")
-    big_ratio = statistics.median(rows[("isolated", "large")]) / statistics.median(rows[("in-process", "large")])
+    big_ratio = statistics.median(rows[("shipped", "isolated", "large")]) / statistics.median(
+        rows[("shipped", "in-process", "large")]
+    )
     print(f"isolated / in-process on the large input: {big_ratio:.2f}x")
 
 

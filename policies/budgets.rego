@@ -126,8 +126,9 @@ warn contains msg if {
 }
 
 warn contains msg if {
+	budgeted := status
 	some t in input.teams
-	not status[t.name]
+	not budgeted[t.name]
 	msg := sprintf("%s has no monthly budget in data/budgets.yaml; its spend is unlimited", [t.name])
 }
 

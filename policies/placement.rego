@@ -24,20 +24,28 @@ restrict(c, candidates) := null if {
 	p.region in object.get(c, "regions", [p.region])
 ]
 
-allowed_pools(name) := restrict(object.get(teams_conf, name, {}), all_pools)
+# Pools each team listed in data may use (a team not listed may use every pool).
+team_pools[t.name] := allowed if {
+	everywhere := all_pools
+	some t in input.teams
+	c := teams_conf[t.name]
+	allowed := restrict(c, everywhere)
+	allowed != null
+}
 
 max_spot_price(name) := object.get(object.get(teams_conf, name, {}), "max_spot_price_usd", object.get(data.placement, "max_spot_price_usd", null))
 
-reasons contains [t.name, msg] if {
-	some t in input.teams
-	allowed := allowed_pools(t.name)
-	allowed != null
+reasons contains [name, msg] if {
+	some name, allowed in team_pools
 	msg := sprintf("placement: limited to pools %v", [allowed])
 }
 
+# Only queues named in data get a queue decision; the settings are bound once, before
+# the loop over queues, so they are not re-read for each of them.
 queues[q.name] := {"allowed_pools": allowed, "reasons": [sprintf("placement: queue limited to pools %v", [allowed])]} if {
+	conf := queues_conf
 	some q in input.queues
-	c := queues_conf[q.name]
+	c := conf[q.name]
 	allowed := restrict(c, q.pools)
 	allowed != null
 }
@@ -102,23 +110,17 @@ rank(p) := 0 if {
 	p.kind == "static"
 } else := 1
 
-# Keys are [rank, cheapest price, name].
-key_before(a, b) if a[0] < b[0]
-
-key_before(a, b) if {
-	a[0] == b[0]
-	a[1] < b[1]
-}
-
-key_before(a, b) if {
-	a[0] == b[0]
-	a[1] == b[1]
-	a[2] < b[2]
-}
-
-pool_order := order if {
-	keys := [[rank(p), cheapest(p), p.name] | some p in input.pools]
+# A pool comes after every pool of a lower rank, of the same rank and a lower price,
+# and of the same rank and price and an earlier name. The pools are few (tens), so
+# counting them is cheap; the three counts compare plain numbers and names.
+pool_order := [by_position[i] | some i in numbers.range(0, count(keys) - 1)] if {
+	keys := [{"rank": rank(p), "price": cheapest(p), "name": p.name} | some p in input.pools]
 	count(keys) > 0
-	positions := {k[2]: count([o | some o in keys; key_before(o, k)]) | some k in keys}
-	order := [name | some i in numbers.range(0, count(keys) - 1); positions[name] == i]
+	by_position := {position: k.name |
+		some k in keys
+		lower_rank := count([o | some o in keys; o.rank < k.rank])
+		cheaper := count([o | some o in keys; o.rank == k.rank; o.price < k.price])
+		same_price_earlier_name := count([o | some o in keys; o.rank == k.rank; o.price == k.price; o.name < k.name])
+		position := (lower_rank + cheaper) + same_price_earlier_name
+	}
 } else := []

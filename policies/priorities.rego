@@ -47,23 +47,29 @@ lent[t.name] := n if {
 	n := lib.smaller(unused, object.get(quota(t.name), "lending_limit_gpus", unused))
 }
 
-# GPUs a team may borrow now: what others lend, capped by its borrowing limit.
+# GPUs a team may borrow now: what the others lend, capped by its borrowing limit.
+# What the others lend is the total lent minus the team's own share; the total is
+# summed once, before the loop over teams (rego-cpp re-evaluates a rule referenced
+# inside a loop, and summing per team made this quadratic in the number of teams).
 borrowable[t.name] := n if {
+	lent_by_team := lent
+	total_lent := sum([v | some v in lent_by_team])
 	some t in input.teams
 	is_number(nominal(t.name))
-	others := sum([v | v := lent[other]; other != t.name])
+	others := total_lent - object.get(lent_by_team, t.name, 0)
 	limit := object.get(quota(t.name), "borrowing_limit_gpus", others)
 	n := lib.smaller(others, limit)
 }
 
 # A team at nominal + borrowable GPUs may not grow.
 quota_full[t.name] := msg if {
+	can_borrow := borrowable
 	some t in input.teams
 	nom := nominal(t.name)
 	is_number(nom)
-	cap := nom + borrowable[t.name]
+	cap := nom + can_borrow[t.name]
 	t.running_gpus >= cap
-	msg := sprintf("quota: %d GPUs running, at its nominal %d plus %d borrowable from unused quota", [t.running_gpus, nom, borrowable[t.name]])
+	msg := sprintf("quota: %d GPUs running, at its nominal %d plus %d borrowable from unused quota", [t.running_gpus, nom, can_borrow[t.name]])
 }
 
 reasons contains [name, msg] if {
