@@ -129,6 +129,7 @@ def test_kill_at_each_launch_and_terminate_point(tmp_path: Path, moto_ec2: MotoE
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_fifty_kills_at_random_points(tmp_path: Path, moto_ec2: MotoEC2) -> None:
     rng = random.Random(11)
     crashes = [(rng.choice(POINTS), rng.randint(0, 3)) for _ in range(50)]

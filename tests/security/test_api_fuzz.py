@@ -96,6 +96,7 @@ def test_every_operation_every_role(fuzz_world: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_every_operation_every_role_long(fuzz_world: dict[str, Any]) -> None:
     for op in _operations(fuzz_world["app"]):
         _exercise(op, fuzz_world, 200)

@@ -71,6 +71,7 @@ def test_config_loader_never_crashes(data: st.DataObject) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @given(data=st.data())
 @LONG
 def test_config_loader_never_crashes_long(data: st.DataObject) -> None:
@@ -174,6 +175,7 @@ def test_mutated_rego_is_refused_or_compiles(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_mutated_rego_is_refused_or_compiles_long(tmp_path: Path) -> None:
     for seed in range(300):
         _rego_case(seed, tmp_path)
