@@ -15,12 +15,13 @@ crashes at random points (and random passages of them).
 
 from __future__ import annotations
 
+import base64
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from autoscaler.reconciler.crashpoints import POINTS
 from autoscaler.state.db import make_engine, session_factory
@@ -113,9 +114,32 @@ def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]]) ->
                 engine.dispose()
 
         until("no live instance and no open record", converged, 40, cp)
+        _no_secret_but_join_tokens(moto, db_url)
         return outcomes
     finally:
         cp.kill()
+
+
+def _no_secret_but_join_tokens(moto: MotoEC2, db_url: str) -> None:
+    """User-data carries a one-time join token and nothing else secret; decision
+    records carry no token at all."""
+    user_data = [base64.b64decode(c.params.get("UserData", "")).decode(errors="replace")
+                 for c in moto.calls("RunInstances")]
+    assert user_data, "no launch was observed"
+    for ud in user_data:
+        assert "asj_" in ud, "a launch without a join token"
+        for prefix in ("asa_", "ast_", "asw_"):
+            assert prefix not in ud, f"a {prefix} token in user-data"
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as c:
+            rows = c.execute(text("SELECT * FROM decisions")).all()
+    finally:
+        engine.dispose()
+    assert rows, "no decision was recorded"
+    dump = "\n".join(" ".join(str(v) for v in r) for r in rows)
+    for prefix in ("asa_", "ast_", "asw_", "asj_"):
+        assert prefix not in dump, f"a {prefix} token in a decision record"
 
 
 LAUNCH_AND_TERMINATE = ["after_intent", "after_provider_call", "after_terminate_intent", "after_terminate_call"]
