@@ -61,9 +61,7 @@ def db_url(sqlite_url: str) -> str:
 
 
 @pytest.fixture
-def provider(
-    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[SlurmProvider]:
+def provider(slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmProvider]:
     # sbatch exports the submitter's environment to the job: only the bootstrap file
     # may configure the agent there.
     for name in agent_env_names():

@@ -78,7 +78,11 @@ def register_onprem(rig: Rig, machine: str) -> str:
     with transaction(rig.sessions) as s:
         _, join = create_token(s, kind="join", now=rig.clock.now(), pool="onprem")
         reg = worker_ops.Registration(
-            hostname=machine, instance_id=machine, provider="static", pool="onprem", gpus=[{"index": 0, "model": "A10G"}]
+            hostname=machine,
+            instance_id=machine,
+            provider="static",
+            pool="onprem",
+            gpus=[{"index": 0, "model": "A10G"}],
         )
         worker, _ = worker_ops.register(s, join, reg, now=rig.clock.now())
         return worker.id
