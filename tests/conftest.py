@@ -224,3 +224,16 @@ def slurm_cluster() -> Iterator[Any]:
     yield cluster
     cluster.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), suites whose
+# session fixtures are expensive (Terraform/checkov runs, one Chromium) stay on one
+# worker so those fixtures run once.
+_GROUPED_DIRS = ("deploy", "web")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
+        if parts and parts[0] in _GROUPED_DIRS:
+            item.add_marker(pytest.mark.xdist_group(parts[0]))
