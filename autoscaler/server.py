@@ -124,19 +124,70 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     return runtime
 
 
-def serve(runtime: Runtime, *, announce: Callable[[str], None] = print) -> None:
+def app_from_env() -> Any:
+    """The API alone, for each process of `autoscaler server --workers N`.
+
+    uvicorn starts worker processes from an import string, so the configuration comes
+    from the environment the parent set (AUTOSCALER_CONFIG, AUTOSCALER_HOME,
+    AUTOSCALER_DATABASE_URL). The parent has already migrated the schema, created
+    the admin token and runs housekeeping once for all of them; a worker process only
+    answers requests.
+    """
+    from autoscaler.config import Settings, load_config
+
+    settings = Settings()
+    config = load_config(settings.config, settings)
+    engine = make_engine(database_url(config, settings.home))
+    ctx = AppContext(config=config, sessions=session_factory(engine), clock=SystemClock())
+    ctx.extras.setdefault("routers", []).append(spend_router)
+    return create_app(ctx)
+
+
+def check_workers(config: AutoscalerConfig, home: Path, workers: int) -> None:
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, not {workers}")
+    if workers > 1 and not database_url(config, home).startswith("postgresql"):
+        raise ConfigError(
+            "--workers above 1 needs PostgreSQL (set database_url): SQLite takes one writer at a "
+            "time, so more processes only add lock waits"
+        )
+
+
+def serve(
+    runtime: Runtime,
+    *,
+    announce: Callable[[str], None] = print,
+    workers: int = 1,
+    config_path: Path | None = None,
+) -> None:
+    """Serve the API; with `workers` > 1 (PostgreSQL only), that many uvicorn processes
+    share the port while this process keeps housekeeping (and must not run the
+    reconciler: `autoscaler up` stays single-process)."""
     import uvicorn
 
     config = runtime.config
     check_listen_address(config)
-    app = create_app(runtime.ctx)
+    check_workers(config, runtime.home, workers)
+    if workers > 1 and runtime.full_loop:
+        raise ConfigError("--workers is for `autoscaler server`; `autoscaler up` runs one process")
     url = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     announce(f"autoscaler control plane at {url}")
     announce(f"admin token: {runtime.info['admin_token_file']}")
     (runtime.home / SERVER_URL_FILE).write_text(url + "\n")
     runtime.scheduler.start()
     try:
-        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")
+        if workers > 1:
+            # Worker processes inherit this environment and rebuild the config from it.
+            os.environ["AUTOSCALER_HOME"] = str(runtime.home)
+            if config_path is not None:
+                os.environ["AUTOSCALER_CONFIG"] = str(config_path)
+            if config.database_url:
+                os.environ["AUTOSCALER_DATABASE_URL"] = config.database_url
+            uvicorn.run("autoscaler.server:app_from_env", factory=True, workers=workers,
+                        host=config.server.host, port=config.server.port, log_level="warning")
+        else:
+            uvicorn.run(create_app(runtime.ctx), host=config.server.host, port=config.server.port,
+                        log_level="warning")
     finally:
         runtime.scheduler.shutdown(wait=False)
         for stop in runtime.on_stop:

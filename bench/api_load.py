@@ -5,8 +5,11 @@
 Starts a throwaway PostgreSQL server and the real server process on 127.0.0.1 (or
 uses --pg-url), registers agents with their own join tokens, then ramps the agent
 count. Every simulated agent does what `autoscaler agent` does on the wire:
-a heartbeat every 10 s (with the ids it runs), a lease poll every 2 s while idle,
-and for each task: start, one log chunk, finish. A producer enqueues
+a heartbeat every 10 s (with the ids it runs), a lease poll while idle every 2 s,
+backing off after empty polls as the agent does (2 s, 4 s, then every 5 s:
+--lease-max-s; set it to --lease-s for the old fixed 2 s poll), no poll while its
+GPU is busy, and for each task: start, one log chunk, finish. --workers N starts
+the server with N API processes. A producer enqueues
 --task-rate tasks/s with a team token; a task "runs" --task-s seconds.
 
 For each step it prints the sustained request rate, completions/s, p50/p99 latency
@@ -106,12 +109,15 @@ class Agent:
 
     async def work(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         await asyncio.sleep(random.uniform(0, self.args.lease_s))
+        wait = self.args.lease_s
         while not stop.is_set():
             r = await self.rec.call(client, "lease", "POST", f"{self.base}/lease", headers=self.headers)
             task = r.json().get("task") if r is not None else None
             if task is None:
-                await asyncio.sleep(self.args.lease_s)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, max(self.args.lease_max_s, self.args.lease_s))
                 continue
+            wait = self.args.lease_s
             tid = task["id"]
             self.running = tid
             await self.rec.call(client, "start", "POST", f"{self.base}/tasks/{tid}/start", headers=self.headers)
@@ -240,14 +246,14 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
     return results
 
 
-def start_server(db_url: str, home: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(db_url: str, home: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
     cfg = home / "autoscaler.yaml"
     cfg.write_text(CONFIG.format(db=db_url))
     log = open(home / "server.log", "wb")  # noqa: SIM115 - closed with the process
     env = {**os.environ, "AUTOSCALER_HOME": str(home)}
     return subprocess.Popen(
         [sys.executable, "-m", "autoscaler", "server", "--config", str(cfg), "--home", str(home),
-         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+         "--port", str(port), *(["--workers", str(workers)] if workers > 1 else [])], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
     )
 
 
@@ -284,6 +290,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--max-backlog", type=int, default=400, help="most tasks waiting at once")
     p.add_argument("--heartbeat-s", type=float, default=10.0)
     p.add_argument("--lease-s", type=float, default=2.0, help="lease poll interval while idle (the agent's)")
+    p.add_argument("--lease-max-s", type=float, default=5.0,
+                   help="idle back-off cap after empty leases (the agent's: 2.5 x lease-s)")
+    p.add_argument("--workers", type=int, default=1, help="API processes (`autoscaler server --workers`)")
     p.add_argument("--connections", type=int, default=200)
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--p99-ms", type=float, default=100.0, help="the latency target")
@@ -308,7 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     db_url = server_url.rsplit("/", 1)[0] + "/bench_load"
     home = Path(tempfile.mkdtemp(prefix="autoscaler-bench-"))
     port = free_port()
-    proc = start_server(db_url, home, port)
+    proc = start_server(db_url, home, port, args.workers)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, home)

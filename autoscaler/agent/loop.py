@@ -40,6 +40,10 @@ from autoscaler.agent.wire import Commands, HeartbeatBody, RegisterBody, Registe
 
 log = logging.getLogger("autoscaler.agent")
 TICK_S = 0.05
+# An idle agent's lease polls are most of the server's load: after each empty lease
+# the next poll waits twice as long, up to this many lease intervals (2 s -> 4 s ->
+# 5 s by default), so new work waits at most ~5 s for an idle agent.
+IDLE_LEASE_BACKOFF_MAX = 2.5
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
 
 
@@ -84,6 +88,7 @@ class Agent:
         self.retry_at = 0.0
         self.next_heartbeat = 0.0
         self.next_lease = 0.0
+        self.empty_leases = 0  # consecutive empty lease polls, for the idle back-off
         self.next_notice = 0.0
         self.next_flush = 0.0
         self.heartbeat_s = 10.0
@@ -291,8 +296,20 @@ class Agent:
         for tp in self.tasks.values():
             tp.request_stop(StopRequest("abandoned", why), now, self.t.kill_grace_s)
 
+    def _free_gpus(self) -> int | None:
+        """GPUs no running task holds; None on a CPU-only agent (the task count limits it)."""
+        if not self.inventory:
+            return None
+        held = sum(len(tp.task.gpu_indices or []) for tp in self.tasks.values())
+        return len(self.inventory) - held
+
     def _lease(self, now: float) -> None:
+        got = False
         while self.mode == Mode.RUNNING and len(self.tasks) < self.max_tasks:
+            if self._free_gpus() == 0:
+                # Every GPU is taken: do not poll. (A CPU-only task, gpus: 0, then waits
+                # for an agent with a free GPU or a CPU-only agent.)
+                break
             try:
                 task = self.api.lease()
             except ServerRefused as exc:
@@ -303,6 +320,7 @@ class Agent:
                 break
             if task is None:
                 break
+            got = True
             log.info(
                 "task %s: leased (attempt %d, GPUs %s): %s",
                 task.id,
@@ -318,7 +336,8 @@ class Agent:
                 continue
             self.tasks[task.id] = tp
             self.outbox.started(task.id)
-        self.next_lease = now + self.t.lease_s
+        self.empty_leases = 0 if got else min(self.empty_leases + 1, 8)
+        self.next_lease = now + self.t.lease_s * min(2 ** max(self.empty_leases - 1, 0), IDLE_LEASE_BACKOFF_MAX)
         self.outbox.deliver(self.api)
 
     def _reachable(self, now: float) -> None:

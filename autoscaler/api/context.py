@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.auth.tokens import PrincipalCache
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import AutoscalerConfig
 
@@ -21,3 +22,5 @@ class AppContext:
     wake: Callable[[str], None] = lambda _reason: None
     # Optional components attached by `autoscaler up` (policy service, reconciler...).
     extras: dict[str, Any] = field(default_factory=dict)
+    # Recently resolved tokens (revocation reaches other processes within its TTL, 5 s).
+    principals: PrincipalCache = field(default_factory=PrincipalCache)

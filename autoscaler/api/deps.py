@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.api.context import AppContext
 from autoscaler.api.ratelimit import AuthFailureLimiter
-from autoscaler.auth.tokens import Principal, resolve
+from autoscaler.auth.tokens import Principal, PrincipalCache, resolve, resolve_cached
 from autoscaler.errors import Forbidden, NotFound, Unauthorized
 from autoscaler.state.models import ApiToken
 
@@ -34,8 +34,10 @@ class Credentials:
     client: str
     limiter: AuthFailureLimiter
     ctx: AppContext
+    cache: PrincipalCache
 
     def _resolve(self, session: Session) -> tuple[Principal, ApiToken]:
+        """Uncached: for callers that need the token row itself (registration binds it)."""
         self.limiter.check(self.client)
         if not self.token:
             raise Unauthorized("missing bearer token: pass --token or set AUTOSCALER_TOKEN")
@@ -45,15 +47,26 @@ class Credentials:
             self.limiter.failed(self.client)
             raise
 
+    def principal(self, session: Session) -> Principal:
+        """Who presented the token; served from the principal cache when fresh (see PrincipalCache)."""
+        self.limiter.check(self.client)
+        if not self.token:
+            raise Unauthorized("missing bearer token: pass --token or set AUTOSCALER_TOKEN")
+        try:
+            return resolve_cached(session, self.token, self.ctx.clock.now(), self.cache)
+        except Unauthorized:
+            self.limiter.failed(self.client)
+            raise
+
     def user(self, session: Session) -> Principal:
         """An admin or a team member."""
-        principal, _ = self._resolve(session)
+        principal = self.principal(session)
         if principal.kind not in ("admin", "team"):
             raise Forbidden(f"a {principal.kind} token cannot use this endpoint; use an admin or team token")
         return principal
 
     def admin(self, session: Session) -> Principal:
-        principal, _ = self._resolve(session)
+        principal = self.principal(session)
         if not principal.is_admin:
             raise Forbidden("this endpoint needs an admin token")
         return principal
@@ -65,7 +78,7 @@ class Credentials:
         return row
 
     def worker(self, session: Session, worker_id: str) -> Principal:
-        principal, _ = self._resolve(session)
+        principal = self.principal(session)
         if principal.kind != "worker":
             raise Forbidden("this endpoint is for agents and needs a worker token")
         if principal.worker_id != worker_id:
@@ -79,7 +92,13 @@ def get_credentials(request: Request) -> Credentials:
     scheme, _, value = header.partition(" ")
     token = value.strip() if scheme.lower() == "bearer" else None
     client = request.client.host if request.client else "unknown"
-    return Credentials(token=token or None, client=client, limiter=request.app.state.limiter, ctx=get_context(request))
+    return Credentials(
+        token=token or None,
+        client=client,
+        limiter=request.app.state.limiter,
+        ctx=get_context(request),
+        cache=request.app.state.principals,
+    )
 
 
 Auth = Annotated[Credentials, Depends(get_credentials)]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -91,3 +93,63 @@ def resolve(session: Session, plaintext: str, now: datetime) -> tuple[Principal,
         )
     kind: TokenKind = row.kind  # type: ignore[assignment]
     return Principal(kind=kind, token_id=row.id, team=row.team, pool=row.pool, worker_id=row.worker_id), row
+
+
+class PrincipalCache:
+    """Recently resolved tokens, keyed by digest, so that an agent's heartbeat and
+    lease polls do not each pay a token SELECT.
+
+    Staleness bound: a token revoked in the database is still accepted for at most
+    `ttl_s` seconds by a process that cached it before the revocation. The process
+    that revokes (deregistration) forgets the worker's entries at once, so within
+    one process revocation is immediate; with `autoscaler server --workers N` the
+    other processes follow within `ttl_s`. Expiry is never stale: every hit is checked
+    against the token's `expires_at`. Only successful lookups are cached, so a bad
+    token always reaches the database and the failure rate limiter.
+    """
+
+    def __init__(self, ttl_s: float = 5.0, max_entries: int = 50_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[Principal, datetime | None, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, digest: str, now: datetime) -> Principal | None:
+        if self.ttl_s <= 0:
+            return None
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            principal, expires_at, cached_at = entry
+            if time.monotonic() - cached_at > self.ttl_s or (expires_at is not None and expires_at <= now):
+                del self._entries[digest]
+                return None
+            return principal
+
+    def put(self, digest: str, principal: Principal, expires_at: datetime | None) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()  # rare (more live tokens than entries): start over, stay bounded
+            self._entries[digest] = (principal, expires_at, time.monotonic())
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Drop a worker's tokens (after deregistration revoked them in the database)."""
+        with self._lock:
+            for digest in [d for d, (p, _, _) in self._entries.items() if p.worker_id == worker_id]:
+                del self._entries[digest]
+
+
+def resolve_cached(
+    session: Session, plaintext: str, now: datetime, cache: PrincipalCache
+) -> Principal:
+    """`resolve`, answered from `cache` when the digest was resolved within its TTL."""
+    digest = hash_token(plaintext)
+    hit = cache.get(digest, now)
+    if hit is not None:
+        return hit
+    principal, row = resolve(session, plaintext, now)
+    cache.put(digest, principal, row.expires_at)
+    return principal

@@ -40,6 +40,15 @@ TlsUpstream = Annotated[
 ]
 
 
+Workers = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        help="API processes sharing the port (PostgreSQL only; about one per core). Housekeeping runs once.",
+    ),
+]
+
+
 @app.command()
 def server(
     config: ConfigOpt = None,
@@ -47,13 +56,16 @@ def server(
     host: Host = None,
     port: Port = None,
     tls_terminated_upstream: TlsUpstream = False,
+    workers: Workers = 1,
 ) -> None:
     """Run the API server only (housekeeping included, no reconciler)."""
-    from autoscaler.server import build_runtime, serve
+    from autoscaler.server import build_runtime, check_workers, serve
 
     configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
-    serve(build_runtime(cfg, home_dir, full_loop=False))
+    check_workers(cfg, home_dir, workers)  # before migrating anything
+    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers,
+          config_path=config or Settings().config)
 
 
 @app.command()

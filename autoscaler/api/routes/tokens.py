@@ -43,5 +43,5 @@ def create(body: TokenIn, auth: Auth, ctx: Ctx) -> TokenOut:
 @router.get("/whoami", response_model=WhoAmI)
 def whoami(auth: Auth, ctx: Ctx) -> WhoAmI:
     with tx(ctx) as s:
-        p, _ = auth._resolve(s)
+        p = auth.principal(s)
         return WhoAmI(kind=p.kind, team=p.team, pool=p.pool, worker_id=p.worker_id)

@@ -117,6 +117,8 @@ def deregister(worker_id: str, auth: Auth, ctx: Ctx) -> WorkerOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
         worker = WorkerOut.model_validate(ops.deregister(s, worker_id, now=ctx.clock.now()))
+    # Deregistration revoked the worker's token: this process stops accepting it now.
+    ctx.principals.forget_worker(worker_id)
     ctx.wake("worker deregistered")
     return worker
 
