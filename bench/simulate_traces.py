@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -27,23 +28,50 @@ def main() -> None:
     ap.add_argument("--workload", required=True)
     ap.add_argument("--days", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preemption-rate", type=float, default=0.24)
+    ap.add_argument("--preemption-rate", type=float, default=SimSettings.preemption_per_hour)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args()
     t0 = time.perf_counter()
     wl = load_workload(args.workload).first_days(args.days)
     load_s = time.perf_counter() - t0
     cfg = default_config(wl.teams)
-    outcome = run_simulation(wl, cfg, settings=SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate))
+    started = time.perf_counter()
+    last_print = [started]
+
+    def progress(done_s: float, expected_s: float) -> None:
+        # A run stopped by `timeout` still leaves how far it got (virtual days per wall
+        # second), which is what a speed extrapolation needs.
+        now = time.perf_counter()
+        if now - last_print[0] >= 15.0:
+            last_print[0] = now
+            wall = now - started
+            print(
+                f"progress: {done_s / 86400:.2f} virtual days in {wall:.0f} s wall "
+                f"({done_s / 86400 / wall:.3f} days/s; {expected_s / 86400:.1f} days expected)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    outcome = run_simulation(
+        wl, cfg, settings=SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate), progress=progress
+    )
     t1 = time.perf_counter()
     rep = sim_report.build(outcome, None)
     report_s = time.perf_counter() - t1
     sim_report.write(outcome, rep, args.out)
-    print(json.dumps({
-        "tasks": len(wl.tasks), "load_s": round(load_s, 2), "sim_wall_s": round(outcome.wall_s, 1),
-        "cycles": len(outcome.cycles), "ms_per_cycle": round(1000 * outcome.wall_s / max(len(outcome.cycles), 1), 1),
-        "virtual_days": round(outcome.end_s / 86400, 2), "report_and_baselines_s": round(report_s, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "tasks": len(wl.tasks),
+                "load_s": round(load_s, 2),
+                "sim_wall_s": round(outcome.wall_s, 1),
+                "cycles": len(outcome.cycles),
+                "ms_per_cycle": round(1000 * outcome.wall_s / max(len(outcome.cycles), 1), 1),
+                "virtual_days": round(outcome.end_s / 86400, 2),
+                "report_and_baselines_s": round(report_s, 2),
+            }
+        )
+    )
     print(sim_report.markdown(rep))
 
 

@@ -125,6 +125,7 @@ class Reconciler:
         perf: Callable[[], float] = time.perf_counter,
         history_interval_s: float = 60.0,
         drain_deadline_s: float = 300.0,
+        record_detail: bool = True,
     ) -> None:
         self.sessions = sessions
         self.config = config
@@ -135,6 +136,8 @@ class Reconciler:
         self.perf = perf
         self.history_interval_s = history_interval_s
         self.drain_deadline_s = drain_deadline_s
+        # False only in the simulator: lean decision rows (see `record_cycle`).
+        self.record_detail = record_detail
         self.pools = {p.name: p for p in config.pools}
         self._state: dict[str, _PoolRuntime] = {p.name: _PoolRuntime() for p in config.pools}
         # When a recorded instance first went missing from its listing (a grace period
@@ -195,6 +198,7 @@ class Reconciler:
                 result=result,
                 history=history,
                 accrue_since=self._last_accrual,
+                detail=self.record_detail,
             )
         if history:
             self._last_history = now

@@ -59,12 +59,10 @@ def explain_lines(snap: Snapshot, evaluation: EvaluationResult, result: CycleRes
     for t in p.terminations:
         lines.append(f"terminate instance {t.instance_id} in pool {t.pool}: {t.reason}")
     lines.extend(
-        f"adopted instance {i} after a restart (its request id matched a launch intent)"
-        for i in result.adopted
+        f"adopted instance {i} after a restart (its request id matched a launch intent)" for i in result.adopted
     )
     lines.extend(
-        f"terminated orphan {o}: carries this deployment's owner tag but has no record"
-        for o in result.orphans
+        f"terminated orphan {o}: carries this deployment's owner tag but has no record" for o in result.orphans
     )
     lines.extend(f"instance {i} preempted by the provider" for i in result.preempted)
     lines.extend(f"instance {i} lost: the provider no longer lists it" for i in result.lost)
@@ -115,6 +113,16 @@ def _bounded(plan_dict: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _counts(result: CycleResult) -> dict[str, Any]:
+    p = result.plan
+    return {
+        "launches_count": len(p.launches),
+        "drains_count": len(p.drains),
+        "terminations_count": len(p.terminations),
+        "holds_count": len(p.holds),
+    }
+
+
 def record_cycle(
     s: Session,
     *,
@@ -124,10 +132,19 @@ def record_cycle(
     result: CycleResult,
     history: bool,
     accrue_since: datetime | None,
+    detail: bool = True,
 ) -> int:
+    """Write the cycle's decision row (and history points when `history`).
+
+    `detail=False` is for the simulator, which writes tens of thousands of rows nobody
+    reads: the row keeps what the decision was (revision, digest, policy result,
+    outcome, plan counts) but not the snapshot summary, the plan's item lists or the
+    explanation sentences, which cost more to build than the rest of the record. Spend
+    is accrued either way: the ledger feeds the next cycle's policy input.
+    """
     accrue(s, now=now, since=accrue_since)
     summary: dict[str, Any] = {
-        **snap.summary(),
+        **(snap.summary() if detail else {}),
         "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
         "outcome": {
             "launched": len(result.launched),
@@ -149,8 +166,8 @@ def record_cycle(
         cycle_ms=result.timings_ms.get("total", 0.0),
         summary=summary,
         result=_decision_summary(evaluation),
-        plan=_bounded(result.plan.to_dict()),
-        reasons=explain_lines(snap, evaluation, result)[:MAX_LISTED],
+        plan=_bounded(result.plan.to_dict()) if detail else _counts(result),
+        reasons=explain_lines(snap, evaluation, result)[:MAX_LISTED] if detail else [],
         error=evaluation.error,
     )
     s.add(row)

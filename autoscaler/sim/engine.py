@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
+import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -65,8 +67,11 @@ class SimSettings:
     notice_s: float | None = None  # None: per the pool's cloud (`NOTICE_S`), else 120 s
     # Tests: reclaim the first spot instance exactly this long after its launch.
     reclaim_first_spot_after_s: float | None = None
-    # A cycle runs at least this often while anything is queued or alive, so budgets,
-    # month turns and timeouts are noticed even when no event arrives.
+    # While time alone can change a decision (a hard-budget team's headroom shrinks or
+    # grows with the hours left, work is held, a launch failed and a backoff or block
+    # will expire), a cycle runs at least this often even when no event arrives.
+    # Otherwise the next time-driven cycle is the earliest of: a team's actual spend
+    # crossing its next budget threshold at the current burn, and the month turn.
     tick_s: float = 3600.0
     max_attempts: int = 3
     # Stop this long after the last arrival even if work is still held (counted unfinished).
@@ -80,12 +85,14 @@ class RecordingPolicy:
     def __init__(self, inner: PolicyEngine) -> None:
         self.inner = inner
         self.last: EvaluationResult | None = None
+        self.last_input: PolicyInput | None = None
 
     @property
     def revision(self) -> str:
         return self.inner.revision
 
     def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
+        self.last_input = policy_input
         self.last = self.inner.evaluate(policy_input)
         return self.last
 
@@ -192,7 +199,12 @@ class Simulation:
             for p in config.pools
         }
         providers: dict[str, Provider] = dict(self.fakes)
-        self.reconciler = Reconciler(sessions, config, self.clock, providers, self.policy)
+        # No history points (nobody charts a simulation from them) and lean decision
+        # rows: neither changes a decision, both cost time on every cycle.
+        self.reconciler = Reconciler(
+            sessions, config, self.clock, providers, self.policy, history_interval_s=math.inf, record_detail=False
+        )
+        self.budgets = _budgets_of(policy)
         self.ops = AgentOps(sessions)
         self.interval = config.reconcile.interval_s
         self.now_s = 0.0
@@ -210,6 +222,7 @@ class Simulation:
         self._queued = 0
         self._running = 0
         self._tick_at: float | None = None
+        self._prev_cycle_s = -math.inf
         self._idle_wakes: set[float] = set()
         self._forced_done = False
 
@@ -236,10 +249,10 @@ class Simulation:
                     if t_cycle > stop_at:
                         break
                     self._set(t_cycle)
-                    self._cycle()
-                    last_cycle = t_cycle
+                    result = self._cycle()
+                    self._prev_cycle_s, last_cycle = last_cycle, t_cycle
                     dirty = False
-                    self._after_cycle_tick()
+                    self._after_cycle_tick(result)
                     if self.progress:
                         self.progress(self.now_s, expected)
                     continue
@@ -270,11 +283,48 @@ class Simulation:
         self.now_s = t
         self.clock.set(self.settings.start + timedelta(seconds=t))
 
-    def _after_cycle_tick(self) -> None:
+    def _after_cycle_tick(self, result: CycleResult) -> None:
         busy = self._queued or self._running or self.live_instances
-        if busy and (self._tick_at is None or self._tick_at <= self.now_s):
-            self._tick_at = self.now_s + self.settings.tick_s
-            self._push(self._tick_at, Ev.WAKE, None)
+        if not busy:
+            return
+        at = self._next_time_driven_change(result)
+        if self._tick_at is None or self._tick_at <= self.now_s or at < self._tick_at:
+            self._tick_at = at
+            self._push(at, Ev.WAKE, None)
+
+    def _next_time_driven_change(self, result: CycleResult) -> float:
+        """The earliest virtual time at which the passage of time alone could make the
+        reconciler act differently; events (arrivals, boots, finishes, notices, idle
+        timeouts, drain deadlines) get their own cycles."""
+        tick = self.now_s + self.settings.tick_s
+        ev, pin = self.policy.last, self.policy.last_input
+        if ev is None or pin is None or self.budgets is None or result.plan.holds or result.launch_errors:
+            return tick  # held work, a backoff, or budgets we cannot read: look hourly
+        if result.launched or result.terminated or result.preempted:
+            # The burn this cycle's input showed is stale: time the next look on the new one.
+            return self.now_s + self.interval
+        d = ev.decision
+        if any(td.spend_headroom_per_hour is not None or td.drain or not td.may_scale_up for td in d.teams.values()):
+            return tick  # a hard budget binds: its headroom moves with the hours left
+        thresholds, budget_of = self.budgets
+        at = _month_turn_s(self.settings.start, self.now_s)
+        # The input's month-to-date is the ledger as of the previous cycle (each cycle
+        # accrues at its end), so a crossing is timed from there; once it is past, one
+        # more cycle (after the interval) is what shows it to the policy.
+        since = self._prev_cycle_s if self._prev_cycle_s > -math.inf else self.now_s
+        for t in pin.teams:
+            budget = budget_of(t.name)
+            if not budget or t.burn_rate_usd_per_hour <= 0:
+                continue
+            # Actual spend grows at the burn rate; the forecast (spend + burn x hours
+            # left) stays put at a constant burn, so only actual-spend crossings are timed.
+            for th in thresholds:
+                target = budget * th / 100.0
+                if target > t.month_to_date_usd:
+                    crossing = since + (target - t.month_to_date_usd) / t.burn_rate_usd_per_hour * 3600.0
+                    at = min(at, crossing + 1.0 if crossing > self.now_s else self.now_s + self.interval)
+                    break
+        return max(at, self.now_s + 1.0)
 
     # ------------------------------------------------------------------ events
 
@@ -428,7 +478,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ the real cycle
 
-    def _cycle(self) -> None:
+    def _cycle(self) -> CycleResult:
         now = self.clock.now()
         self.ops.heartbeat_all(now=now)
         result = self.reconciler.run_cycle()
@@ -445,6 +495,7 @@ class Simulation:
                 self._running,
             )
         )
+        return result
 
     def _note(self, result: CycleResult) -> None:
         ev = self.policy.last
@@ -533,3 +584,40 @@ class Simulation:
                 dl = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
                 at = max((dl - self.settings.start).total_seconds(), self.now_s)
             self._push(at, Ev.DEADLINE, wid)
+
+
+def _month_turn_s(start: datetime, now_s: float) -> float:
+    """Virtual seconds at the first instant of the next calendar month (UTC)."""
+    now = start + timedelta(seconds=now_s)
+    nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
+    return (nxt - start).total_seconds()
+
+
+Budgets = tuple[list[float], Callable[[str], float | None]]
+
+
+def _budgets_of(policy: PolicyEngine) -> Budgets | None:
+    """Thresholds and per-team monthly budgets from the policy directory's
+    `data/budgets.yaml` (the shipped layout), read only to know WHEN a decision could
+    change; the decision itself is still the policy's. None when they cannot be read:
+    the simulator then falls back to an hourly look."""
+    directory = getattr(policy, "directory", None)
+    if directory is None:
+        return None
+    path = Path(directory) / "data" / "budgets.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    thresholds = sorted(float(x) for x in doc.get("thresholds_pct", [50, 80, 100]))
+    default = doc.get("default") or {}
+    teams = doc.get("teams") or {}
+
+    def budget_of(team: str) -> float | None:
+        conf = teams.get(team) or default
+        usd = conf.get("monthly_usd") if isinstance(conf, dict) else None
+        return float(usd) if usd is not None else None
+
+    return thresholds, budget_of
