@@ -14,6 +14,9 @@ from typing import Any
 
 from autoscaler.policy.schema import Decision
 
+# Every record here is slotted: a 10x snapshot holds ~100,000 of them, and without a
+# per-object __dict__ they take half the memory and half the garbage collector's work.
+
 # Instance states that hold (or will hold) capacity and count against a pool's max.
 LIVE_STATES = frozenset({"requested", "launching", "booting", "ready", "draining"})
 # Capacity asked for but not yet registered as a worker.
@@ -23,7 +26,7 @@ DEAD_STATES = frozenset({"lost", "preempted", "boot_timeout"})
 SHARED_TEAM = "shared"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DemandGroup:
     """`count` queued tasks sharing one shape (the snapshot aggregates, so 10,000 tasks
     with a handful of shapes cost a handful of rows)."""
@@ -37,7 +40,7 @@ class DemandGroup:
     oldest: datetime | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OfferingView:
     instance_type: str
     capacity_type: str
@@ -54,7 +57,7 @@ class OfferingView:
         return f"{self.capacity_type}/{self.instance_type}/{self.zone or '-'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PoolView:
     name: str
     provider: str
@@ -75,14 +78,14 @@ class PoolView:
         return bool(b) and ("*" in b or offering.key in b or f"zone:{offering.zone}" in b)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueView:
     name: str
     pools: tuple[str, ...]
     priority: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerView:
     id: str
     pool: str
@@ -95,7 +98,7 @@ class WorkerView:
     instance_id: str | None = None  # our Instance.id, when the worker runs on one of ours
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InstanceView:
     id: str
     pool: str
@@ -112,7 +115,7 @@ class InstanceView:
     worker_state: str | None = None  # None: no worker registered yet
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanInput:
     now: datetime
     queues: tuple[QueueView, ...]
@@ -130,7 +133,7 @@ class PlanInput:
 # ---------------------------------------------------------------- the plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Launch:
     """One new instance, answering `answers` (queue, gpus) units of `team`'s demand."""
 
@@ -145,7 +148,7 @@ class Launch:
         return self.offering.gpus
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Drain:
     worker_id: str
     pool: str
@@ -155,7 +158,7 @@ class Drain:
     deadline_s: float = 300.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Terminate:
     instance_id: str
     pool: str
@@ -164,7 +167,7 @@ class Terminate:
     mark: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hold:
     """Demand left waiting, and why (pool full, budget, policy...)."""
 
@@ -175,7 +178,7 @@ class Hold:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     launches: tuple[Launch, ...] = ()
     drains: tuple[Drain, ...] = ()

@@ -25,6 +25,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Generic, Protocol, TypeVar
 
 from autoscaler.planner.model import (
     BOOTING_STATES,
@@ -61,9 +62,12 @@ def gpu_type_matches(wanted: str | None, offered: str | None) -> bool:
     return norm(wanted) in norm(offered)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Unit:
-    """One queued task. CPU-only tasks (gpus == 0) need one slot of a GPU-less machine."""
+    """The shape of one queued task. One `_Unit` stands for every task of a demand
+    group: they are identical, so the planner carries `(unit, count)` runs instead of
+    one object per task (10,000 tasks of 3,000 shapes are 3,000 objects). CPU-only
+    tasks (gpus == 0) need one slot of a GPU-less machine."""
 
     team: str
     queue: str
@@ -72,13 +76,23 @@ class _Unit:
     queue_priority: int
     priority: int
     order: float  # oldest first within equal priorities (seconds since epoch)
+    need: int  # planner units: GPUs, or one task slot for CPU work
+    # Built once per shape and shared, not per task: at 10x a plan appends ~100,000
+    # answers, and each fresh tuple would live until the plan is returned, feeding
+    # the garbage collector's full passes over the whole process.
+    answer: tuple[str, int]  # (queue, gpus), as recorded in a launch's answers
+    team_queue: tuple[str, str]
 
-    @property
-    def need(self) -> int:
-        return self.gpus if self.gpus > 0 else 1
+
+@dataclass(slots=True)
+class _Run:
+    """Tasks of one shape still to place, in a team's launch queue."""
+
+    unit: _Unit
+    left: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Slot:
     """Free capacity on a worker or a booting instance, in planner units: GPUs on a GPU
     machine, one task slot on a GPU-less one."""
@@ -91,7 +105,7 @@ class _Slot:
     used: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bin:
     """A planned new instance being filled with one team's units."""
 
@@ -102,11 +116,93 @@ class _Bin:
     answers: list[tuple[str, int]] = field(default_factory=list)
 
 
-def _fits(unit: _Unit, gpu_machine: bool, gpu_type: str | None, free: int) -> bool:
-    # Keep GPU machines for GPU work: a CPU task never counts on a GPU machine.
-    if unit.gpus == 0:
-        return not gpu_machine and free >= 1
-    return gpu_machine and free >= unit.gpus and gpu_type_matches(unit.gpu_type, gpu_type)
+class _HasFree(Protocol):
+    free: int
+
+
+_Item = TypeVar("_Item", bound=_HasFree)
+
+
+class _TypeMatch:
+    """`gpu_type_matches` memoised for one plan: the same few (wish, offered) pairs are
+    asked about once per task otherwise, and the check normalises strings each time."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str | None, str | None], bool] = {}
+
+    def __call__(self, wanted: str | None, offered: str | None) -> bool:
+        key = (wanted, offered)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = gpu_type_matches(wanted, offered)
+        return hit
+
+
+class _FreeIndex(Generic[_Item]):
+    """First fit over items (slots, bins) kept in insertion order, indexed by free size.
+
+    The rule it must reproduce is the plain scan "the first item, in insertion order,
+    whose kind fits the unit and whose free >= need". Scanning cost O(items) per task,
+    and items that are full were never dropped from a team's bins, so a plan grew
+    quadratically. Here items are bucketed by kind (GPU machine or not, GPU type) and
+    then by their current free size, each bucket a min-heap of insertion positions:
+    the answer is the smallest head among the buckets with size >= need, so a lookup
+    costs O(kinds x distinct free sizes), a handful, whatever the fleet size.
+
+    Free sizes only ever shrink, so a taken item's old bucket entry is simply left
+    behind and skipped when it reaches a head (lazy deletion): an entry is live iff
+    the item's free still equals the bucket's size. Full items (free 0) are never
+    indexed, since every unit needs at least 1.
+    """
+
+    __slots__ = ("_items", "_kind_of", "_kinds")
+
+    def __init__(self) -> None:
+        self._items: list[_Item] = []
+        # (gpu_machine, gpu_type) -> free size -> heap of positions in `_items`.
+        self._kinds: dict[tuple[bool, str | None], dict[int, list[int]]] = {}
+        self._kind_of: list[dict[int, list[int]]] = []
+
+    def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None) -> int:
+        buckets = self._kinds.setdefault((gpu_machine, gpu_type), {})
+        pos = len(self._items)
+        self._items.append(item)
+        self._kind_of.append(buckets)
+        if item.free > 0:
+            heapq.heappush(buckets.setdefault(item.free, []), pos)
+        return pos
+
+    def free_at(self, pos: int) -> int:
+        return self._items[pos].free
+
+    def first_fit(self, unit: _Unit, type_ok: _TypeMatch) -> int | None:
+        """Position of the first item `unit` fits on (see `_fits`), or None."""
+        best: int | None = None
+        need = unit.need
+        items = self._items
+        for (gpu_machine, offered), buckets in self._kinds.items():
+            # Keep GPU machines for GPU work: a CPU task never counts on a GPU machine.
+            if unit.gpus == 0:
+                if gpu_machine:
+                    continue
+            elif not gpu_machine or not type_ok(unit.gpu_type, offered):
+                continue
+            for free in [f for f in buckets if f >= need]:
+                heap = buckets[free]
+                while heap and items[heap[0]].free != free:
+                    heapq.heappop(heap)  # stale: that item has been taken from since
+                if not heap:
+                    del buckets[free]
+                elif best is None or heap[0] < best:
+                    best = heap[0]
+        return best
+
+    def take(self, pos: int, need: int) -> _Item:
+        item = self._items[pos]
+        item.free -= need
+        if item.free > 0:
+            heapq.heappush(self._kind_of[pos].setdefault(item.free, []), pos)
+        return item
 
 
 def _pool_cost(pool: PoolView) -> float:
@@ -127,23 +223,27 @@ def _ranked_pools(
     qd = dec.queues.get(queue.name)
     allowed = set(qd.allowed_pools) if qd is not None and qd.allowed_pools is not None else None
     order = {name: i for i, name in enumerate(dec.pool_order)}
-    known = [
-        (i, pools[n]) for i, n in enumerate(queue.pools) if n in pools and (allowed is None or n in allowed)
-    ]
+    known = [(i, pools[n]) for i, n in enumerate(queue.pools) if n in pools and (allowed is None or n in allowed)]
     known.sort(key=lambda ip: (order.get(ip[1].name, len(order)), not ip[1].static, cost[ip[1].name], ip[0]))
     return [p for _, p in known]
 
 
-def _expand(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: PlanInput) -> list[_Unit]:
+def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: PlanInput) -> list[tuple[_Unit, int]]:
+    """Demand as (unit, count) runs, one per group, in the input's order."""
     epoch = inp.now.timestamp()
-    units: list[_Unit] = []
+    runs: list[tuple[_Unit, int]] = []
     for g in demand:
+        if g.count <= 0:
+            continue
         q = queues.get(g.queue)
         order = g.oldest.timestamp() if g.oldest else epoch
         qp = q.priority if q else 0
-        unit = (g.team, g.queue, g.gpus, g.gpu_type, qp, g.priority, order)
-        units.extend(_Unit(*unit) for _ in range(g.count))
-    return units
+        need = g.gpus if g.gpus > 0 else 1
+        unit = _Unit(
+            g.team, g.queue, g.gpus, g.gpu_type, qp, g.priority, order, need, (g.queue, g.gpus), (g.team, g.queue)
+        )
+        runs.append((unit, g.count))
+    return runs
 
 
 def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
@@ -178,64 +278,111 @@ def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
     return out
 
 
-def _choose_offering(
-    pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
-) -> tuple[OfferingView | None, str]:
-    """The offering to launch for `unit`, or None and why not."""
-    best: tuple[tuple[float | int | str, ...], OfferingView] | None = None
-    shape_ok = blocked = type_denied = too_dear = 0
-    cheapest_over = INF
-    for o in pool.offerings:
-        if o.capacity_type not in pool.capacity_types:
-            continue
-        if unit.gpus > 0:
-            if o.gpus < unit.gpus or not gpu_type_matches(unit.gpu_type, o.gpu_type):
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The offerings of one pool that may answer one shape for one team, best first,
+    before the spend headroom is applied; and how many were turned away and why, for
+    the hold reason when none is left."""
+
+    ranked: tuple[OfferingView, ...]
+    shape_ok: int
+    blocked: int
+    type_denied: int
+
+
+class _OfferingChooser:
+    """Picks the offering of a new instance. Everything but the team's spend headroom
+    is fixed for the whole plan, so the filtered, ranked candidate list is computed
+    once per (pool, team, shape, useful GPUs) and each launch only walks it to the
+    first offering the headroom still affords: the best under headroom is the first
+    affordable one of the list ranked without it."""
+
+    def __init__(self, type_ok: _TypeMatch) -> None:
+        self._type_ok = type_ok
+        # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
+        # and the two team answers that filter offerings (most teams share them).
+        self._memo: dict[tuple[str, int, str | None, int, tuple[str, ...], float | None], _Candidates] = {}
+        self._biggest: dict[str, int] = {}
+
+    def _candidates(self, pool: PoolView, unit: _Unit, td: TeamDecision, useful_cap: int) -> _Candidates:
+        ranked: list[tuple[tuple[float | int | str, ...], int, OfferingView]] = []
+        shape_ok = blocked = type_denied = 0
+        for i, o in enumerate(pool.offerings):
+            if o.capacity_type not in pool.capacity_types:
                 continue
-        elif o.gpus > 0:
-            continue
-        shape_ok += 1
-        if o.capacity_type not in td.allowed_capacity_types:
-            type_denied += 1
-            continue
-        if pool.is_blocked(o):
-            blocked += 1
-            continue
-        if o.capacity_type == "spot" and td.max_spot_price is not None and o.hourly_price > td.max_spot_price:
-            type_denied += 1
-            continue
-        if o.hourly_price > headroom + 1e-9:
-            too_dear += 1
-            cheapest_over = min(cheapest_over, o.hourly_price)
-            continue
-        # Capacity type order is the pool's (spot first: on-demand is the fallback),
-        # then cost per GPU the demand will actually use: an 8-GPU machine for 2 GPUs
-        # of work is judged by its price / 2, not / 8.
-        useful = min(o.gpus, max(want_gpus, unit.gpus)) if o.gpus else 1
-        key = (
-            pool.capacity_types.index(o.capacity_type),
-            o.hourly_price / useful,
-            o.hourly_price,
-            o.instance_type,
-            o.zone or "",
+            if unit.gpus > 0:
+                if o.gpus < unit.gpus or not self._type_ok(unit.gpu_type, o.gpu_type):
+                    continue
+            elif o.gpus > 0:
+                continue
+            shape_ok += 1
+            if o.capacity_type not in td.allowed_capacity_types:
+                type_denied += 1
+                continue
+            if pool.is_blocked(o):
+                blocked += 1
+                continue
+            if o.capacity_type == "spot" and td.max_spot_price is not None and o.hourly_price > td.max_spot_price:
+                type_denied += 1
+                continue
+            # Capacity type order is the pool's (spot first: on-demand is the fallback),
+            # then cost per GPU the demand will actually use: an 8-GPU machine for 2 GPUs
+            # of work is judged by its price / 2, not / 8.
+            useful = min(o.gpus, useful_cap) if o.gpus else 1
+            key = (
+                pool.capacity_types.index(o.capacity_type),
+                o.hourly_price / useful,
+                o.hourly_price,
+                o.instance_type,
+                o.zone or "",
+            )
+            # The position breaks exact ties the way a scan keeping the first best does.
+            ranked.append((key, i, o))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied)
+
+    def choose(
+        self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
+    ) -> tuple[OfferingView | None, str]:
+        """The offering to launch for `unit`, or None and why not."""
+        # Useful GPUs are min(offering GPUs, the team's queued GPUs in this queue, at
+        # least this task's). Past the pool's largest machine the wish changes nothing,
+        # so it is capped there to keep the memo small; CPU work ignores it.
+        useful_cap = 0
+        if unit.gpus > 0:
+            biggest = self._biggest.get(pool.name)
+            if biggest is None:
+                biggest = self._biggest[pool.name] = max([o.gpus for o in pool.offerings], default=0)
+            useful_cap = min(max(want_gpus, unit.gpus), max(biggest, 1))
+        memo_key = (
+            pool.name,
+            unit.gpus,
+            unit.gpu_type,
+            useful_cap,
+            tuple(td.allowed_capacity_types),
+            td.max_spot_price,
         )
-        if best is None or key < best[0]:
-            best = (key, o)
-    if best is not None:
-        return best[1], ""
-    shape = "a CPU-only machine"
-    if unit.gpus:
-        shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
-    if shape_ok == 0:
-        return None, f"pool {pool.name} has no instance type with {shape}"
-    if too_dear:
-        left = "no" if headroom <= 0 else f"{headroom:.2f} USD/h"
-        return None, (
-            f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
-            f"costs {cheapest_over:.2f} USD/h"
-        )
-    if blocked and not type_denied:
-        return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors"
-    return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
+        cands = self._memo.get(memo_key)
+        if cands is None:
+            cands = self._memo[memo_key] = self._candidates(pool, unit, td, useful_cap)
+        for o in cands.ranked:
+            if o.hourly_price <= headroom + 1e-9:
+                return o, ""
+        shape = "a CPU-only machine"
+        if unit.gpus:
+            shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
+        if cands.shape_ok == 0:
+            return None, f"pool {pool.name} has no instance type with {shape}"
+        if cands.ranked:
+            left = "no" if headroom <= 0 else f"{headroom:.2f} USD/h"
+            cheapest_over = min(o.hourly_price for o in cands.ranked)
+            return None, (
+                f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
+                f"costs {cheapest_over:.2f} USD/h"
+            )
+        if cands.blocked and not cands.type_denied:
+            return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors"
+        return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
 
 
 def plan(inp: PlanInput) -> Plan:
@@ -260,9 +407,7 @@ def plan(inp: PlanInput) -> Plan:
         inst = by_id.get(instance_id) if instance_id else None
         return inst is not None and inst.team in drained_teams
 
-    count: Counter[str] = Counter(
-        i.pool for i in inp.instances if i.state in LIVE_STATES and i.id not in gone
-    )
+    count: Counter[str] = Counter(i.pool for i in inp.instances if i.state in LIVE_STATES and i.id not in gone)
     max_eff: dict[str, int] = {}
     min_eff: dict[str, int] = {}
     for p in inp.pools:
@@ -277,14 +422,15 @@ def plan(inp: PlanInput) -> Plan:
         min_eff[p.name] = min(lo, max_eff[p.name])
 
     # 2. fit onto existing and booting capacity --------------------------------------
-    slots: dict[str, list[_Slot]] = defaultdict(list)
+    type_ok = _TypeMatch()
+    slots: dict[str, _FreeIndex[_Slot]] = defaultdict(_FreeIndex)
     idle_slots: list[tuple[_Slot, InstanceView | None, float]] = []
     for w in inp.workers:
         if w.state not in ("idle", "busy") or team_drained_worker(w.instance_id) or w.pool not in pools:
             continue
         free = w.gpu_count - w.used_gpus if w.gpu_count > 0 else 1 - w.running_tasks
         slot = _Slot(w.pool, w.gpu_count > 0, w.gpu_type, max(free, 0), worker_id=w.id)
-        slots[w.pool].append(slot)
+        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type)
         pool = pools[w.pool]
         if (
             w.state == "idle"
@@ -300,70 +446,86 @@ def plan(inp: PlanInput) -> Plan:
                     (inp.now - w.idle_since).total_seconds(),
                 )
             )
+    # Booting capacity comes after the workers of its pool, as if appended to a list.
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
-            slots[inst.pool].append(_Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1))
+            slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
+            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type)
 
-    units = _expand(inp.demand, queues, inp)
+    tds = {t: dec.team(t) for t in teams_in_demand}
 
     def tier(team: str) -> int:
-        return dec.team(team).priority_tier
+        return tds[team].priority_tier
 
-    units.sort(key=lambda u: (-tier(u.team), -u.queue_priority, -u.priority, -u.gpus, u.order))
+    # Tasks are placed one by one in this order, but the tasks of a group are equal and
+    # stay adjacent under a stable sort, so the order is kept as runs of one shape.
+    runs = _runs(inp.demand, queues, inp)
+    runs.sort(key=lambda r: (-tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
     ranked = {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues}
     allocated: Counter[str] = Counter()
-    remaining: list[_Unit] = []
+    remaining: list[tuple[_Unit, int]] = []
     placed_existing = 0
-    for u in units:
-        placed = False
-        for pool in ranked.get(u.queue, ()):
-            open_slots = slots.get(pool.name)
-            if not open_slots:
-                continue
-            for s in open_slots:
-                if _fits(u, s.gpu_machine, s.gpu_type, s.free):
-                    s.free -= u.need
-                    s.used = True
-                    placed = True
+    # Free capacity only shrinks during this step, so once a task of some shape finds no
+    # slot in its queue's pools, no later task of that shape will: the rest of its run,
+    # and every later run of that shape, go straight to step 3.
+    no_fit: set[tuple[str, int, str | None]] = set()
+    for u, n in runs:
+        placed = 0
+        shape = (u.queue, u.gpus, u.gpu_type)
+        if shape not in no_fit:
+            candidates = [slots[p.name] for p in ranked.get(u.queue, ()) if p.name in slots]
+            while placed < n:
+                # First pool in rank order with a slot that fits, first fitting slot there.
+                for index in candidates:
+                    pos = index.first_fit(u, type_ok)
+                    if pos is not None:
+                        index.take(pos, u.need).used = True
+                        placed += 1
+                        break
+                else:
+                    no_fit.add(shape)
                     break
-            if placed:
-                if open_slots and open_slots[0].free == 0:
-                    slots[pool.name] = [s for s in open_slots if s.free > 0]
-                break
         if placed:
-            placed_existing += 1
-            allocated[u.team] += u.gpus
-        else:
-            remaining.append(u)
+            placed_existing += placed
+            allocated[u.team] += u.gpus * placed
+        if placed < n:
+            remaining.append((u, n - placed))
 
     # 3. launch for the rest -----------------------------------------------------------
     launches_bins: list[_Bin] = []
-    bins_by: dict[tuple[str, str], list[_Bin]] = defaultdict(list)
+    # Each team's new instances per pool, indexed by free size for first fit.
+    bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
+    chooser = _OfferingChooser(type_ok)
     headroom: dict[str, float] = {}
     held: Counter[tuple[str, str, str]] = Counter()
     held_gpus: Counter[tuple[str, str, str]] = Counter()
     want: Counter[tuple[str, str]] = Counter()
-    for u in remaining:
-        want[(u.team, u.queue)] += u.gpus
+    for u, n in remaining:
+        want[u.team_queue] += u.gpus * n
     # A shape that could not get a new machine will not get one later in this plan:
     # counts only grow and headroom only shrinks, so the refusal is remembered.
     refused: dict[tuple[str, str, int, str | None], str] = {}
 
-    def hold(u: _Unit, reason: str) -> None:
-        held[(u.team, u.queue, reason)] += 1
-        held_gpus[(u.team, u.queue, reason)] += u.gpus
+    def hold(u: _Unit, reason: str, n: int = 1) -> None:
+        held[(u.team, u.queue, reason)] += n
+        held_gpus[(u.team, u.queue, reason)] += u.gpus * n
 
-    def try_place(u: _Unit, td: TeamDecision) -> bool:
+    def try_place(u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
+        """Place one task in a bin of its team (new or not): where, or None if held."""
+        # A bin already planned for this team is free: first fit over them, pools in
+        # the queue's rank order, before buying another machine.
+        team_bins = bins_by[u.team]
         for pool in ranked.get(u.queue, ()):
-            for b in bins_by.get((u.team, pool.name), ()):
-                if _fits(u, b.offering.gpus > 0, b.offering.gpu_type, b.free):
-                    b.free -= u.need
-                    b.answers.append((u.queue, u.gpus))
-                    return True
+            index = team_bins.get(pool.name)
+            if index is not None:
+                pos = index.first_fit(u, type_ok)
+                if pos is not None:
+                    index.take(pos, u.need).answers.append(u.answer)
+                    return index, pos
         shape = (u.team, u.queue, u.gpus, u.gpu_type)
         if shape in refused:
             hold(u, refused[shape])
-            return False
+            return None
         reasons: list[str] = []
         for pool in ranked.get(u.queue, ()):
             if pool.static:
@@ -373,65 +535,95 @@ def plan(inp: PlanInput) -> Plan:
                 reasons.append(f"policy keeps team {u.team} out of pool {pool.name}")
                 continue
             if pool.backoff_until is not None and pool.backoff_until > inp.now:
-                reasons.append(
-                    f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}"
-                )
+                reasons.append(f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}")
                 continue
             if count[pool.name] >= max_eff[pool.name]:
                 reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
                 continue
-            offering, why = _choose_offering(pool, u, td, want[(u.team, u.queue)], headroom[u.team])
+            offering, why = chooser.choose(pool, u, td, want[u.team_queue], headroom[u.team])
             if offering is None:
                 reasons.append(why)
                 continue
-            b = _Bin(u.team, pool.name, offering, (offering.gpus or 1) - u.need, [(u.queue, u.gpus)])
-            bins_by[(u.team, pool.name)].append(b)
+            b = _Bin(u.team, pool.name, offering, (offering.gpus or 1) - u.need, [u.answer])
+            index = team_bins.get(pool.name)
+            if index is None:
+                index = team_bins[pool.name] = _FreeIndex()
+            pos = index.add(b, offering.gpus > 0, offering.gpu_type)
             launches_bins.append(b)
             count[pool.name] += 1
             headroom[u.team] -= offering.hourly_price
-            return True
+            return index, pos
         refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
         hold(u, refused[shape])
-        return False
+        return None
 
-    by_tier: dict[int, dict[str, list[_Unit]]] = defaultdict(lambda: defaultdict(list))
-    for u in remaining:
-        by_tier[tier(u.team)][u.team].append(u)
+    weight = {t: td.priority_weight if td.priority_weight > 0 else 1e-9 for t, td in tds.items()}
+
+    def share(team: str) -> float:
+        # Weighted dominant share on GPUs: running GPUs plus GPUs given by this plan,
+        # per unit of weight.
+        return (inp.running_gpus.get(team, 0) + allocated[team]) / weight[team]
+
+    by_tier: dict[int, dict[str, list[tuple[_Unit, int]]]] = defaultdict(lambda: defaultdict(list))
+    for u, n in remaining:
+        by_tier[tier(u.team)][u.team].append((u, n))
     for t in sorted(by_tier, reverse=True):
         heap: list[tuple[float, int, str]] = []
-        pending: dict[str, deque[_Unit]] = {}
-        for team, team_units in by_tier[t].items():
-            td = dec.team(team)
+        pending: dict[str, deque[_Run]] = {}
+        for team, team_runs in by_tier[t].items():
+            td = tds[team]
             headroom[team] = INF if td.spend_headroom_per_hour is None else td.spend_headroom_per_hour
             if team in drained_teams or not td.may_scale_up:
                 why = "; ".join(td.reasons) or ("policy: scale-up frozen" if not td.may_scale_up else "")
                 why = f"team {team} may not scale up" + (f": {why}" if why else "")
                 if team in drained_teams:
                     why = f"team {team} is over its hard budget: its capacity is being drained"
-                for u in team_units:
-                    hold(u, why)
+                for u, n in team_runs:
+                    hold(u, why, n)
                 continue
             # Within a team: larger tasks first (first-fit decreasing) after priorities.
-            team_units.sort(key=lambda u: (-u.queue_priority, -u.priority, -u.gpus, u.order))
-            pending[team] = deque(team_units)
-            heapq.heappush(heap, (_share(team, inp, allocated, td), 0, team))
+            team_runs.sort(key=lambda r: (-r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+            pending[team] = deque(_Run(u, n) for u, n in team_runs)
+            heapq.heappush(heap, (share(team), 0, team))
         served: Counter[str] = Counter()
         while heap:
             _, _, team = heapq.heappop(heap)
-            td = dec.team(team)
-            u = pending[team].popleft()
-            if try_place(u, td):
-                allocated[team] += u.gpus
-                want[(team, u.queue)] -= u.gpus
-            served[team] += 1
-            if pending[team]:
-                # Weighted dominant share on GPUs: the team holding the least per unit
-                # of weight goes next; the count breaks ties so CPU work interleaves.
-                heapq.heappush(heap, (_share(team, inp, allocated, td), served[team], team))
+            td = tds[team]
+            queue_of_team = pending[team]
+            at: tuple[_FreeIndex[_Bin], int] | None = None
+            prev: _Run | None = None
+            while True:
+                run = queue_of_team[0]
+                u = run.unit
+                run.left -= 1
+                if run.left == 0:
+                    queue_of_team.popleft()
+                if at is not None and run is prev and at[0].free_at(at[1]) >= u.need:
+                    # The task before this one was the same shape, for the same team,
+                    # and went into a bin that still has room: that bin is this task's
+                    # first fit too. Bins ahead of it did not fit that shape and have
+                    # not changed since (only this team fills its bins), so the search
+                    # in try_place would end there: skip it.
+                    at[0].take(at[1], u.need).answers.append(u.answer)
+                else:
+                    at = try_place(u, td)
+                if at is not None:
+                    allocated[team] += u.gpus
+                    want[u.team_queue] -= u.gpus
+                served[team] += 1
+                prev = run
+                if not queue_of_team:
+                    break
+                # The team holding the least per unit of weight goes next; the count
+                # breaks ties so CPU work interleaves. Keys are unique (the team name
+                # ends them), so "push, then pop the smallest" gives this team back
+                # exactly when its key is below the heap's head: skip the round trip.
+                key = (share(team), served[team], team)
+                if heap and heap[0] < key:
+                    heapq.heappush(heap, key)
+                    break
 
-    launches = [
-        Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in launches_bins
-    ]
+    launches = [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in launches_bins]
 
     # min_instances for cloud pools, charged to no team ---------------------------------
     for p in sorted(inp.pools, key=lambda p: cost[p.name]):
@@ -491,11 +683,6 @@ def plan(inp: PlanInput) -> Plan:
         for (team, queue, reason), n in sorted(held.items())
     )
     return Plan(tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing, tuple(notes))
-
-
-def _share(team: str, inp: PlanInput, allocated: Counter[str], td: TeamDecision) -> float:
-    weight = td.priority_weight if td.priority_weight > 0 else 1e-9
-    return (inp.running_gpus.get(team, 0) + allocated[team]) / weight
 
 
 def _cheapest(pool: PoolView) -> OfferingView | None:
