@@ -193,7 +193,7 @@ def inputs(draw: st.DrawFn) -> PlanInput:
     return PlanInput(NOW, queues, pools, demand, tuple(workers), tuple(instances), decision, running)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inputs())
 def test_same_plan_as_the_per_task_reference(inp: PlanInput) -> None:
     assert plan(inp) == reference_plan.plan(inp)
