@@ -37,8 +37,11 @@ def test_deregistration_revokes_at_once_in_this_process(ctx) -> None:
     ctx.principals = PrincipalCache(ttl_s=3600)  # even with a long TTL
     client = TestClient(create_app(ctx))
     join = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
-    r = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                    json={"hostname": "h", "instance_id": "i-c", "provider": "fake", "pool": "gpu-pool"})
+    r = client.post(
+        "/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {join}"},
+        json={"hostname": "h", "instance_id": "i-c", "provider": "fake", "pool": "gpu-pool"},
+    )
     wid, headers = r.json()["worker_id"], {"Authorization": f"Bearer {r.json()['worker_token']}"}
     assert client.post(f"/api/v1/workers/{wid}/heartbeat", headers=headers, json={}).status_code == 200
     assert client.post(f"/api/v1/workers/{wid}/deregister", headers=headers, json={}).status_code == 200
