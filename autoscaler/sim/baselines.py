@@ -108,6 +108,9 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
     resource = {g: _resource(offers, g) for g in shapes}
     queues: dict[int, deque[int]] = {g: deque() for g in shapes}
     workers: dict[int, _Worker] = {}
+    # Workers not yet ended, in launch order (the same order as `workers`): every scan
+    # walks these, not every worker ever launched, which made a long trace quadratic.
+    live: list[_Worker] = []
     ids = itertools.count()
     heap: list[tuple[float, int, int, str, int]] = []  # (t, order, seq, kind, ref)
     seq = itertools.count()
@@ -139,13 +142,19 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
             w_start[w.id] = now
 
     w_start: dict[int, float] = {}
+    # The same stop as ours (`SimSettings.horizon_after_last_arrival_s`): a task longer
+    # than the typical time between reclaims is lost and resubmitted by hand forever,
+    # so without it the baseline never ends; what is left counts as unfinished.
+    stop_at = max((j.trace.arrival_s for j in jobs), default=0.0) + settings.horizon_after_last_arrival_s
     while heap:
+        if heap[0][0] > stop_at:
+            break
         now, _, _, kind, ref = heapq.heappop(heap)
         if kind == "arrive":
             job = jobs[ref]
             job.queued_at = now
             queues[job.trace.gpus].append(ref)
-            for w in workers.values():
+            for w in live:  # `take` skips ended ones still listed
                 if w.queue == job.trace.gpus and w.task is None:
                     take(w)
         elif kind == "ready":
@@ -181,17 +190,19 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
                 job.wait_s += CLEARML_RESUBMIT_S
                 w.task = None
         elif kind == "poll":
-            for w in workers.values():
+            live[:] = [w for w in live if w.end is None]
+            for w in live:
                 if w.end is None and w.task is None and w.idle_since is not None and now - w.idle_since >= CLEARML_IDLE_S:
                     w.charge(now)
                     w.end = now
             for g, q in queues.items():
-                idle = sum(1 for w in workers.values() if w.queue == g and w.end is None and w.ready is not None and w.task is None)
-                booting = sum(1 for w in workers.values() if w.queue == g and w.end is None and w.ready is None)
+                idle = sum(1 for w in live if w.queue == g and w.end is None and w.ready is not None and w.task is None)
+                booting = sum(1 for w in live if w.queue == g and w.end is None and w.ready is None)
                 for _ in range(max(len(q) - idle - booting, 0)):
                     o = resource[g]
                     w = _Worker(next(ids), g, o, now, team=jobs[q[0]].trace.team, charged_until=now)
                     workers[w.id] = w
+                    live.append(w)
                     counts["launches"] += 1
                     counts["spot_launches" if o.capacity_type == "spot" else "on_demand_launches"] += 1
                     lo, hi = settings.boot_delay_s
@@ -199,7 +210,7 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
                     rate = settings.preemption_by_zone.get(o.zone or "", settings.preemption_per_hour)
                     if o.capacity_type == "spot" and rate > 0:
                         push(now + rng.expovariate(rate) * 3600.0, "preempt", w.id)
-            alive = any(w.end is None for w in workers.values())
+            alive = any(w.end is None for w in live)
             if pending_jobs > 0 or alive:
                 push(now + CLEARML_POLL_S, "poll", 0)
     spans: list[Span] = []
