@@ -78,3 +78,16 @@ def test_month_turn_is_a_cycle_even_without_budgets() -> None:
     start = sim_engine.SIM_START
     assert sim_engine._month_turn_s(start, 0.0) == 31 * 86400.0
     assert sim_engine._month_turn_s(start, 31 * 86400.0) == (31 + 28) * 86400.0
+
+
+def test_clearml_style_ends_at_the_horizon_with_long_tasks() -> None:
+    # A 500 h task at 1 reclaim/h is lost and resubmitted by hand forever; the baseline
+    # must stop at the same horizon as ours and count it unfinished.
+    from autoscaler.sim import baselines
+
+    wl = tasks(("lab", 0.0, 500 * 3600.0, 1))
+    out = baselines.clearml_style(
+        wl, one_pool(("lab",)), settings(preemption_per_hour=1.0, horizon_after_last_arrival_s=48 * 3600.0)
+    )
+    assert out["tasks"]["succeeded"] == 0
+    assert out["counts"]["preemptions"] > 0
