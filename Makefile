@@ -28,11 +28,14 @@ system-deps:
 run: $(STAMP)
 	$(BIN)/autoscaler up
 
+# PYTEST_ARGS passes extra options, e.g. PYTEST_ARGS="-n 2 --dist loadgroup" or "-k agent".
+PYTEST_ARGS ?=
+
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 reliability: $(STAMP) system-deps
-	$(BIN)/python -m pytest -m slow -q
+	$(BIN)/python -m pytest -m slow -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check autoscaler providers tests bench
