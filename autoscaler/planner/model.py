@@ -38,6 +38,10 @@ class DemandGroup:
     priority: int
     count: int
     oldest: datetime | None = None
+    # The last attempt of these tasks was ended by a spot reclaim: launch on-demand for
+    # them where the team may use it, so a long task is not reclaimed again and again
+    # until its attempts run out (what the simulator showed on the Philly traces).
+    after_reclaim: bool = False
 
 
 @dataclass(frozen=True, slots=True)

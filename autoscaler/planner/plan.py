@@ -82,6 +82,7 @@ class _Unit:
     # the garbage collector's full passes over the whole process.
     answer: tuple[str, int]  # (queue, gpus), as recorded in a launch's answers
     team_queue: tuple[str, str]
+    on_demand_first: bool = False  # retried after a spot reclaim: on-demand before spot
 
 
 @dataclass(slots=True)
@@ -240,7 +241,17 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
         qp = q.priority if q else 0
         need = g.gpus if g.gpus > 0 else 1
         unit = _Unit(
-            g.team, g.queue, g.gpus, g.gpu_type, qp, g.priority, order, need, (g.queue, g.gpus), (g.team, g.queue)
+            g.team,
+            g.queue,
+            g.gpus,
+            g.gpu_type,
+            qp,
+            g.priority,
+            order,
+            need,
+            (g.queue, g.gpus),
+            (g.team, g.queue),
+            g.after_reclaim,
         )
         runs.append((unit, g.count))
     return runs
@@ -301,7 +312,7 @@ class _OfferingChooser:
         self._type_ok = type_ok
         # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
         # and the two team answers that filter offerings (most teams share them).
-        self._memo: dict[tuple[str, int, str | None, int, tuple[str, ...], float | None], _Candidates] = {}
+        self._memo: dict[tuple[str, int, str | None, int, tuple[str, ...], float | None, bool], _Candidates] = {}
         self._biggest: dict[str, int] = {}
 
     def _candidates(self, pool: PoolView, unit: _Unit, td: TeamDecision, useful_cap: int) -> _Candidates:
@@ -329,7 +340,10 @@ class _OfferingChooser:
             # then cost per GPU the demand will actually use: an 8-GPU machine for 2 GPUs
             # of work is judged by its price / 2, not / 8.
             useful = min(o.gpus, useful_cap) if o.gpus else 1
+            # After a reclaim, on-demand goes first and spot becomes the fallback.
+            escalated = unit.on_demand_first and o.capacity_type != "on_demand"
             key = (
+                int(escalated),
                 pool.capacity_types.index(o.capacity_type),
                 o.hourly_price / useful,
                 o.hourly_price,
@@ -361,6 +375,7 @@ class _OfferingChooser:
             useful_cap,
             tuple(td.allowed_capacity_types),
             td.max_spot_price,
+            unit.on_demand_first,
         )
         cands = self._memo.get(memo_key)
         if cands is None:

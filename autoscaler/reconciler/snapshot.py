@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.config import AutoscalerConfig
@@ -99,9 +99,10 @@ class PoolState:
 def observe(
     session: Session, config: AutoscalerConfig, *, now: datetime, pool_state: Mapping[str, PoolState]
 ) -> Snapshot:
+    after_reclaim = case((Task.end_reason == "interrupted:spot", 1), else_=0)
     demand = tuple(
-        DemandGroup(queue, team, int(gpus or 0), gpu_type, int(priority or 0), int(n), oldest)
-        for queue, team, gpus, gpu_type, priority, n, oldest in session.execute(
+        DemandGroup(queue, team, int(gpus or 0), gpu_type, int(priority or 0), int(n), oldest, bool(reclaimed))
+        for queue, team, gpus, gpu_type, priority, n, oldest, reclaimed in session.execute(
             select(
                 Task.queue,
                 Task.team,
@@ -110,9 +111,10 @@ def observe(
                 Task.priority,
                 func.count(),
                 func.min(Task.sort_key),
+                after_reclaim,
             )
             .where(Task.state == "queued")
-            .group_by(Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority)
+            .group_by(Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim)
         )
     )
     running_gpus: Counter[str] = Counter()
@@ -256,10 +258,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
     start, end = month_bounds(snap.now)
     hours_left = max((end - snap.now).total_seconds(), 0.0) / 3600.0
     team_names = sorted(
-        {t.name for t in config.teams}
-        | set(snap.month_to_date)
-        | set(snap.pending_gpus)
-        | set(snap.running_gpus)
+        {t.name for t in config.teams} | set(snap.month_to_date) | set(snap.pending_gpus) | set(snap.running_gpus)
     )
     teams = [
         TeamInput(
@@ -296,9 +295,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
             )
         )
     live = Counter(
-        i.pool
-        for i in snap.instances
-        if i.state in ("requested", "launching", "booting", "ready", "draining")
+        i.pool for i in snap.instances if i.state in ("requested", "launching", "booting", "ready", "draining")
     )
     pools = [
         PoolInput(

@@ -65,8 +65,9 @@ def demand(
     queue: str = "gpu",
     priority: int = 0,
     gpu_type: str | None = None,
+    after_reclaim: bool = False,
 ) -> DemandGroup:
-    return DemandGroup(queue, team, gpus, gpu_type, priority, count, NOW)
+    return DemandGroup(queue, team, gpus, gpu_type, priority, count, NOW, after_reclaim)
 
 
 def worker(
@@ -144,9 +145,7 @@ def make_input(
             QueueView("gpu", tuple(p.name for p in pools)),
             QueueView("cpu", tuple(p.name for p in pools)),
         )
-    return PlanInput(
-        NOW, queues, pools, demand, workers, instances, decision or Decision(), running_gpus or {}
-    )
+    return PlanInput(NOW, queues, pools, demand, workers, instances, decision or Decision(), running_gpus or {})
 
 
 def decision(**teams: TeamDecision) -> Decision:

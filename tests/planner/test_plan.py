@@ -70,6 +70,18 @@ def test_blocked_zone_falls_back_to_another_zone() -> None:
     assert [x.offering.zone for x in p.launches] == ["z2"]
 
 
+def test_work_reclaimed_on_spot_is_relaunched_on_demand() -> None:
+    p = plan(make_input(demand=(demand("vision", 1, after_reclaim=True), demand("nlp", 1))))
+    by_team = {x.team: x.offering.capacity_type for x in p.launches}
+    assert by_team == {"vision": "on_demand", "nlp": "spot"}
+
+
+def test_reclaimed_work_of_a_spot_only_team_stays_on_spot() -> None:
+    d = decision(vision=TeamDecision(allowed_capacity_types=["spot"]))
+    p = plan(make_input(demand=(demand(after_reclaim=True),), decision=d))
+    assert [x.offering.capacity_type for x in p.launches] == ["spot"]
+
+
 def test_policy_capacity_types_exclude_spot() -> None:
     d = decision(vision=TeamDecision(allowed_capacity_types=["on_demand"]))
     p = plan(make_input(demand=(demand(),), decision=d))
@@ -85,22 +97,10 @@ def test_pool_max_caps_launches_and_says_why() -> None:
 def test_policy_pool_cap_tightens_but_never_widens_config() -> None:
     tight = Decision(pools={"cloud": PoolDecision(max_instances=1)})
     assert (
-        len(
-            plan(
-                make_input(pools=(pool(max_instances=3),), demand=(demand(count=5),), decision=tight)
-            ).launches
-        )
-        == 1
+        len(plan(make_input(pools=(pool(max_instances=3),), demand=(demand(count=5),), decision=tight)).launches) == 1
     )
     wide = Decision(pools={"cloud": PoolDecision(max_instances=50)})
-    assert (
-        len(
-            plan(
-                make_input(pools=(pool(max_instances=3),), demand=(demand(count=5),), decision=wide)
-            ).launches
-        )
-        == 3
-    )
+    assert len(plan(make_input(pools=(pool(max_instances=3),), demand=(demand(count=5),), decision=wide)).launches) == 3
 
 
 def test_spend_headroom_limits_new_capacity() -> None:
@@ -111,9 +111,7 @@ def test_spend_headroom_limits_new_capacity() -> None:
 
 
 def test_frozen_team_holds_with_policy_reason() -> None:
-    d = decision(
-        vision=TeamDecision(may_scale_up=False, reasons=["92 % of 10,000 USD budget (budgets.rego)"])
-    )
+    d = decision(vision=TeamDecision(may_scale_up=False, reasons=["92 % of 10,000 USD budget (budgets.rego)"]))
     p = plan(make_input(demand=(demand(count=2), demand("nlp")), decision=d))
     assert [x.team for x in p.launches] == ["nlp"]
     assert any("budgets.rego" in h.reason and h.team == "vision" for h in p.holds)
@@ -121,19 +119,13 @@ def test_frozen_team_holds_with_policy_reason() -> None:
 
 def test_priority_tier_wins_when_capacity_is_short() -> None:
     d = decision(nlp=TeamDecision(priority_tier=1))
-    p = plan(
-        make_input(pools=(pool(max_instances=2),), demand=(demand("vision", 3), demand("nlp", 3)), decision=d)
-    )
+    p = plan(make_input(pools=(pool(max_instances=2),), demand=(demand("vision", 3), demand("nlp", 3)), decision=d))
     assert [x.team for x in p.launches] == ["nlp", "nlp"]
 
 
 def test_weighted_fair_share_splits_short_capacity() -> None:
     d = decision(vision=TeamDecision(priority_weight=3.0), nlp=TeamDecision(priority_weight=1.0))
-    p = plan(
-        make_input(
-            pools=(pool(max_instances=8),), demand=(demand("vision", 10), demand("nlp", 10)), decision=d
-        )
-    )
+    p = plan(make_input(pools=(pool(max_instances=8),), demand=(demand("vision", 10), demand("nlp", 10)), decision=d))
     teams = [x.team for x in p.launches]
     assert teams.count("vision") == 6 and teams.count("nlp") == 2
 
@@ -196,9 +188,7 @@ def test_idle_worker_past_timeout_is_drained_idle_only() -> None:
 def test_idle_worker_before_timeout_or_needed_is_kept() -> None:
     young = make_input(pools=(pool(idle_timeout_s=60),), workers=(worker("w1", idle_s=59),))
     assert plan(young).drains == ()
-    needed = make_input(
-        pools=(pool(idle_timeout_s=60),), workers=(worker("w1", idle_s=600),), demand=(demand(),)
-    )
+    needed = make_input(pools=(pool(idle_timeout_s=60),), workers=(worker("w1", idle_s=600),), demand=(demand(),))
     assert plan(needed).drains == ()
 
 
