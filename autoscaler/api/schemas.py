@@ -69,6 +69,7 @@ class TaskOut(Out):
     timeout_s: float | None
     state: str
     attempts: int
+    interruptions: int
     worker_id: str | None
     gpu_indices: list[int]
     exit_code: int | None

@@ -40,6 +40,7 @@ class SimAgent:
     running: dict[str, RunningTask] = field(default_factory=dict)
     draining: bool = False
     gone: bool = False
+    idle_since: float | None = None  # virtual seconds; None while a task runs
 
     @property
     def free(self) -> int:

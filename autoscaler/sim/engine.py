@@ -223,7 +223,7 @@ class Simulation:
         self._running = 0
         self._tick_at: float | None = None
         self._prev_cycle_s = -math.inf
-        self._idle_wakes: set[float] = set()
+        self._idle_wakes: set[tuple[str, float]] = set()
         self._forced_done = False
 
     # ------------------------------------------------------------------ the loop
@@ -290,7 +290,7 @@ class Simulation:
         at = self._next_time_driven_change(result)
         if self._tick_at is None or self._tick_at <= self.now_s or at < self._tick_at:
             self._tick_at = at
-            self._push(at, Ev.WAKE, None)
+            self._push(at, Ev.WAKE, "tick")
 
     def _next_time_driven_change(self, result: CycleResult) -> float:
         """The earliest virtual time at which the passage of time alone could make the
@@ -300,13 +300,15 @@ class Simulation:
         ev, pin = self.policy.last, self.policy.last_input
         if ev is None or pin is None or self.budgets is None or result.plan.holds or result.launch_errors:
             return tick  # held work, a backoff, or budgets we cannot read: look hourly
-        if result.launched or result.terminated or result.preempted:
-            # The burn this cycle's input showed is stale: time the next look on the new one.
-            return self.now_s + self.interval
         d = ev.decision
         if any(td.spend_headroom_per_hour is not None or td.drain or not td.may_scale_up for td in d.teams.values()):
             return tick  # a hard budget binds: its headroom moves with the hours left
         thresholds, budget_of = self.budgets
+        budgeted = any(budget_of(t.name) for t in pin.teams)
+        if budgeted and (result.launched or result.terminated or result.preempted):
+            # The burn this cycle's input showed is stale: time the next look on the new one.
+            # Without any budget no threshold can be crossed, so the burn times nothing.
+            return self.now_s + self.interval
         at = _month_turn_s(self.settings.start, self.now_s)
         # The input's month-to-date is the ledger as of the previous cycle (each cycle
         # accrues at its end), so a crossing is timed from there; once it is past, one
@@ -373,8 +375,16 @@ class Simulation:
                 self._leave(agent, "preempted")
             return True
         # WAKE: a timer (idle timeout, spot notice, tick).
-        if data == "idle":
-            self._idle_wakes.discard(self.now_s)
+        if isinstance(data, tuple) and data[0] == "idle":
+            # Only a worker still idle since the timer was set can be drained for idleness:
+            # one that leased again (or left) gives the reconciler nothing to act on.
+            _, worker_id, idle_since = data
+            self._idle_wakes.discard((worker_id, self.now_s))
+            agent = self.agents.get(worker_id)
+            return agent is not None and not agent.gone and not agent.running and agent.idle_since == idle_since
+        if isinstance(data, tuple) and data[0] == "notice":
+            # A notice for a machine already terminated reaches nobody.
+            return bool(data[1] in self.live_instances)
         return True
 
     def _arrive(self, batch: list[TraceTask]) -> None:
@@ -435,6 +445,7 @@ class Simulation:
             if track.started_s is None:
                 track.started_s = self.now_s
             agent.running[task_id] = RunningTask(task_id, gpus, self.now_s, attempt)
+            agent.idle_since = None
             self._queued -= 1
             self._running += 1
             self._push(self.now_s + track.trace.duration_s, Ev.FINISH, (agent.worker_id, task_id, attempt))
@@ -466,11 +477,13 @@ class Simulation:
             return
         self._fill(agent)
         if not agent.running:
+            if agent.idle_since is None:
+                agent.idle_since = self.now_s
             pool = self.config.pool(agent.pool)
-            at = self.now_s + (pool.idle_timeout_s if pool else 300.0) + 1.0
-            if at not in self._idle_wakes:
-                self._idle_wakes.add(at)
-                self._push(at, Ev.WAKE, "idle")
+            at = agent.idle_since + (pool.idle_timeout_s if pool else 300.0) + 1.0
+            if (agent.worker_id, at) not in self._idle_wakes:
+                self._idle_wakes.add((agent.worker_id, at))
+                self._push(at, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
 
     def _leave(self, agent: SimAgent, reason: str) -> None:
         if not agent.gone:
@@ -551,7 +564,7 @@ class Simulation:
         self.fakes[inst.pool].schedule_preemption(
             inst.provider_instance_id, self.settings.start + timedelta(seconds=at), notice_s=notice
         )
-        self._push(max(at - notice, self.now_s), Ev.WAKE, "notice")
+        self._push(max(at - notice, self.now_s), Ev.WAKE, ("notice", inst.id))
         self._push(at, Ev.PREEMPT, inst.id)
 
     def _terminated(self, result: CycleResult) -> None:
@@ -577,7 +590,7 @@ class Simulation:
             if not agent.running:
                 self._leave(agent, "drained")
                 # The reconciler terminates a drained machine on its next look.
-                self._push(self.now_s, Ev.WAKE, None)
+                self._push(self.now_s, Ev.WAKE, "drained")
                 continue
             at = self.now_s
             if deadline is not None:

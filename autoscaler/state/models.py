@@ -102,6 +102,9 @@ class Task(Base):
     timeout_s: Mapped[float | None] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts ended by the infrastructure (spot reclaim, drain): they do not count
+    # against max_attempts, which is about the task's own failures.
+    interruptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worker_id: Mapped[str | None] = mapped_column(String(32))
     gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
     lease_deadline: Mapped[datetime | None]
