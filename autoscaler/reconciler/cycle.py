@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from autoscaler.reconciler.record import record_cycle
 from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, Worker
+from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, Worker, new_id
 from providers.base import (
     TAG_POOL,
     TAG_TEAM,
@@ -487,7 +486,7 @@ class Reconciler:
         o = launch.offering
         with transaction(self.sessions) as s:
             inst = Instance(
-                request_id=uuid.uuid4().hex,
+                request_id=new_id(),
                 provider=pool.provider,
                 pool=pool.name,
                 instance_type=o.instance_type,

@@ -36,7 +36,7 @@ from autoscaler.reconciler.cycle import CycleResult, Reconciler
 from autoscaler.sim.agents import AgentOps, SimAgent
 from autoscaler.sim.workload import TraceTask, Workload
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance, Worker
+from autoscaler.state.models import Instance, Worker, seeded_ids
 from providers.base import Provider
 from providers.fake import FakeProvider
 
@@ -229,6 +229,12 @@ class Simulation:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> SimOutcome:
+        # Row ids and launch request ids break ties (lease order, unordered listings):
+        # drawn from the seed, a run gives the same report in every process.
+        with seeded_ids(self.settings.seed):
+            return self._run()
+
+    def _run(self) -> SimOutcome:
         with transaction(self.sessions) as s:
             sync_from_config(s, self.config, now=self.clock.now())
         by_time: dict[float, list[TraceTask]] = {}

@@ -7,7 +7,11 @@ Every state change of a task or an instance appends a history row (`TaskEvent`,
 
 from __future__ import annotations
 
+import random
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,8 +32,43 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 
-def new_id() -> str:
+def _random_id() -> str:
     return uuid.uuid4().hex
+
+
+# Where `new_id` gets its ids. A context variable, not a module global, so a simulation
+# seeding its ids in one thread never touches ids made by a server in another.
+_id_factory: ContextVar[Callable[[], str]] = ContextVar("autoscaler_id_factory", default=_random_id)
+
+
+def new_id() -> str:
+    """A fresh id (32 hex digits) for a primary key or a launch request id.
+
+    A random uuid4, except inside `seeded_ids`. Ids break ties in lease order and in
+    unordered listings, so a simulation needs them reproducible across processes.
+    """
+    return _id_factory.get()()
+
+
+@contextmanager
+def seeded_ids(seed: int) -> Iterator[None]:
+    """Within the block (this thread or task only), `new_id` draws uuid4-shaped ids from
+    a generator seeded with `seed`: the same seed gives the same ids in any process.
+    The previous factory is restored on exit, so blocks nest and may run one after
+    another in a process. For the simulator; production never enters one."""
+    # A string seed is hashed with SHA-512 by `random`, never with `hash()`, so it does
+    # not depend on PYTHONHASHSEED; the prefix keeps this stream apart from other
+    # generators seeded with the same number.
+    rng = random.Random(f"autoscaler.new_id/{seed}")
+
+    def seeded() -> str:
+        return uuid.UUID(int=rng.getrandbits(128), version=4).hex
+
+    token = _id_factory.set(seeded)
+    try:
+        yield
+    finally:
+        _id_factory.reset(token)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
