@@ -4,8 +4,7 @@ Leasing is atomic. On PostgreSQL, candidate rows are locked with
 `FOR UPDATE SKIP LOCKED`, so concurrent leasers never see the same task; on SQLite
 every transaction is `BEGIN IMMEDIATE` (see `state.db`), so leasers take turns.
 Lease order: queue priority, task priority, fair share between teams (the team
-holding the fewest GPUs per unit of weight first), then age. A task just requeued
-after a spot reclaim is left to non-spot workers for `RECLAIMED_ON_DEMAND_WAIT`.
+holding the fewest GPUs per unit of weight first), then age.
 """
 
 from __future__ import annotations
@@ -16,23 +15,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.errors import Forbidden, InvalidInput, NotFound
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
-from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker
+from autoscaler.state.models import QueueRow, Task, TaskEvent, TaskLog, Worker
 
 LEASE_TTL = timedelta(seconds=90)
 LEASE_CANDIDATES = 16
 # Spot reclaims and drains a task may go through before it fails for good.
 MAX_INTERRUPTIONS = 20
-# After a spot reclaim the planner launches on-demand capacity for the task; for this
-# long after the requeue, spot workers leave it to that machine instead of running it
-# where it would likely be reclaimed again. Past it (spot-only team, no on-demand
-# capacity) any worker takes it.
-RECLAIMED_ON_DEMAND_WAIT = timedelta(minutes=10)
-RECLAIMED = "interrupted:spot"
 MAX_COMMAND_ARGS = 4096
 MAX_LOG_CHUNK = 256 * 1024
 
@@ -168,10 +161,6 @@ def lease(
         .order_by(QueueRow.priority.desc(), Task.priority.desc(), Task.sort_key, Task.id)
         .limit(LEASE_CANDIDATES)
     )
-    if _on_spot(session, worker):
-        stmt = stmt.where(
-            or_(Task.end_reason.is_(None), Task.end_reason != RECLAIMED, Task.updated_at <= now - RECLAIMED_ON_DEMAND_WAIT)
-        )
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True, of=Task)
     candidates = [t for t in session.scalars(stmt) if gpu_type_matches(t.gpu_type, worker.gpu_type)]
@@ -197,14 +186,6 @@ def lease(
     worker.state = "busy"
     worker.idle_since = None
     return task
-
-
-def _on_spot(session: Session, worker: Worker) -> bool:
-    """Whether the worker runs on a spot instance we launched (static machines never do)."""
-    capacity = session.scalar(
-        select(Instance.capacity_type).where(Instance.provider_instance_id == worker.instance_id).limit(1)
-    )
-    return capacity == "spot"
 
 
 def _worker_task(session: Session, worker_id: str, task_id: str) -> Task:

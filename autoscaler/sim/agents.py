@@ -103,6 +103,11 @@ class AgentOps:
             state = task.state
         return Ended(task_id, run.gpus, now_s - run.started_s, state)
 
+    def preempted(self, agent: SimAgent, *, now: datetime) -> None:
+        """The heartbeat that tells the server the agent saw a spot notice."""
+        with transaction(self.sessions) as s:
+            worker_ops.heartbeat(s, agent.worker_id, now=now, running=[], preempted=True)
+
     def leave(self, agent: SimAgent, *, now: datetime, reason: str) -> None:
         agent.gone = True
         with transaction(self.sessions) as s:

@@ -211,6 +211,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self.agents: dict[str, SimAgent] = {}
+        self._live: dict[str, None] = {}  # agents not known to be gone, in registration order
         self.agent_by_instance: dict[str, str] = {}
         self.tasks: dict[str, TaskTrack] = {}
         self.instances: dict[str, InstanceTrack] = {}
@@ -268,6 +269,7 @@ class Simulation:
             while self._heap and self._heap[0][0] <= next_ev:
                 _, kind, _, data = heapq.heappop(self._heap)
                 dirty |= self._handle(Ev(kind), data)
+        self._settle_running()
         return SimOutcome(
             self.workload,
             self.config,
@@ -281,6 +283,18 @@ class Simulation:
             self.preemptions,
             self.sessions,
         )
+
+    def _settle_running(self) -> None:
+        """Work still running when the run stops used its GPUs until then (it is billed,
+        and it is not idle capacity); the task stays unfinished."""
+        for agent in self.agents.values():
+            if agent.gone:
+                continue
+            for run in agent.running.values():
+                gpu_s = run.gpus * (self.now_s - run.started_s)
+                track = self.tasks[run.task_id]
+                track.ran_gpu_s += gpu_s
+                self.team_gpu_s[track.trace.team] = self.team_gpu_s.get(track.trace.team, 0.0) + gpu_s
 
     def _push(self, at: float, kind: Ev, data: Any) -> None:
         heapq.heappush(self._heap, (at, int(kind), next(self._seq), data))
@@ -361,24 +375,21 @@ class Simulation:
             if agent is None or agent.gone:
                 return False
             for task_id in list(agent.running):
-                self._end(agent, task_id, "drain deadline")
+                self._end(agent, task_id, "drain")
             self._leave(agent, "drained")
+            self._poll_agents()
             return True
         if kind == Ev.PREEMPT:
             inst_id = data
             track = self.instances.get(inst_id)
             if track is None or inst_id not in self.live_instances:
                 return False  # terminated before the reclaim came
-            track.preempted = True
-            self.preemptions += 1
-            wid = self.agent_by_instance.get(inst_id)
-            agent = self.agents.get(wid) if wid else None
-            if agent is not None and not agent.gone:
-                # The machine is gone: whatever still runs is interrupted (the agent
-                # reports it within the notice, as the real one does on its deadline).
-                for task_id in list(agent.running):
-                    self._end(agent, task_id, "spot")
-                self._leave(agent, "preempted")
+            if not track.preempted:  # a reclaim without a notice first
+                track.preempted = True
+                self.preemptions += 1
+            # Normally the agent stopped at the notice; one that registered during the
+            # notice, or a notice of zero seconds, still runs: the machine is gone anyway.
+            self._spot_stop(inst_id)
             return True
         # WAKE: a timer (idle timeout, spot notice, tick).
         if isinstance(data, tuple) and data[0] == "idle":
@@ -390,8 +401,44 @@ class Simulation:
             return agent is not None and not agent.gone and not agent.running and agent.idle_since == idle_since
         if isinstance(data, tuple) and data[0] == "notice":
             # A notice for a machine already terminated reaches nobody.
-            return bool(data[1] in self.live_instances)
+            track = self.instances.get(data[1])
+            if track is None or data[1] not in self.live_instances:
+                return False
+            # The reclaim is counted at its notice: the reconciler usually terminates the
+            # machine before the cloud takes it.
+            track.preempted = True
+            self.preemptions += 1
+            self._spot_stop(data[1])
+            return True
         return True
+
+    def _spot_stop(self, inst_id: str) -> None:
+        """What the real agent does when its metadata service shows the notice: stop every
+        task (SIGTERM to checkpoint; reported `interrupted:spot`, requeued), tell the
+        server it is preempted, deregister. The work is lost; the reconciler sees the
+        requeued tasks and the notice on its next look."""
+        wid = self.agent_by_instance.get(inst_id)
+        agent = self.agents.get(wid) if wid else None
+        if agent is None or agent.gone:
+            return
+        agent.draining = True
+        for task_id in list(agent.running):
+            self._end(agent, task_id, "spot")
+        self.ops.preempted(agent, now=self.clock.now())
+        self._leave(agent, "preempted")
+        self._poll_agents()
+
+    def _poll_agents(self) -> None:
+        """Requeued work is leased by whichever live agent polls first and has room (the
+        real agents poll every few seconds)."""
+        if not self._queued:
+            return
+        for wid in list(self._live):
+            agent = self.agents[wid]
+            if agent.gone:
+                self._live.pop(wid, None)
+            elif not agent.draining and agent.free > 0:
+                self._fill(agent)
 
     def _arrive(self, batch: list[TraceTask]) -> None:
         now = self.clock.now()
@@ -403,10 +450,7 @@ class Simulation:
                 row = task_ops.enqueue(s, spec, team=t.team, now=now)
                 self.tasks[row.id] = TaskTrack(t, self.now_s)
         self._queued += len(batch)
-        need = min(t.gpus for t in batch)
-        for agent in list(self.agents.values()):
-            if not agent.gone and not agent.draining and agent.free >= need:
-                self._fill(agent)
+        self._poll_agents()
 
     def _register(self, inst_id: str) -> bool:
         track = self.instances.get(inst_id)
@@ -429,6 +473,7 @@ class Simulation:
         )
         track.ready_s = self.now_s
         self.agents[agent.worker_id] = agent
+        self._live[agent.worker_id] = None
         self.agent_by_instance[inst_id] = agent.worker_id
         self._fill(agent)
         self._after_free(agent)
@@ -583,6 +628,7 @@ class Simulation:
                 for task_id in list(agent.running):
                     self._end(agent, task_id, "terminated")
                 agent.gone = True
+        self._poll_agents()
 
     def _drains(self) -> None:
         """Agents learn of a drain (idle timeout, budget, spot notice) as on a heartbeat."""

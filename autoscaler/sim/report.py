@@ -51,16 +51,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['simulation']['virtual_days']} virtual days in {report['simulation']['wall_s']} s "
         f"({report['simulation']['cycles']} reconcile cycles).",
         "",
-        "| system | cost USD | x lower bound | wait p50 | wait p95 | wait p99 | GPU-h used | GPU-h idle "
-        "| GPU-h booting | lost to preemption USD | launches | preemptions |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| lower bound | {lb:,.2f} | 1.00 | 0 | 0 | 0 | | 0 | 0 | 0 | | |",
+        "| system | cost USD | x lower bound | tasks finished | wait p50 | wait p95 | wait p99 | GPU-h used "
+        "| GPU-h idle | GPU-h booting | lost to preemption USD | launches | preemptions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| lower bound | {lb:,.2f} | 1.00 | all | 0 | 0 | 0 | | 0 | 0 | 0 | | |",
     ]
     for name, r in rows:
-        w, g, c = r["waits_s"], r["gpu_hours"], r["counts"]
+        w, g, c, t = r["waits_s"], r["gpu_hours"], r["counts"], r["tasks"]
         ratio = f"{r['total_cost_usd'] / lb:.2f}" if lb else "-"
         lines.append(
-            f"| {name} | {r['total_cost_usd']:,.2f} | {ratio} | {_dur(w['p50'])} | {_dur(w['p95'])} "
+            f"| {name} | {r['total_cost_usd']:,.2f} | {ratio} | {t['succeeded']}/{t['total']} "
+            f"| {_dur(w['p50'])} | {_dur(w['p95'])} "
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
         )

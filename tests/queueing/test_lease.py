@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from sqlalchemy import select
 
@@ -12,7 +10,7 @@ from autoscaler.queueing import tasks as ops
 from autoscaler.queueing import workers as wops
 from autoscaler.queueing.states import TRANSITIONS, TaskState
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance, TaskEvent
+from autoscaler.state.models import TaskEvent
 from tests.queueing.helpers import add_task, add_worker, get_task, get_worker, lease
 
 
@@ -168,44 +166,6 @@ def test_a_task_reclaimed_without_end_fails_after_max_interruptions(setup, clock
             ops.finish(sess, w, tid, now=clock.now(), reason="interrupted", detail="spot")
     task = get_task(s, tid)
     assert task.state == "failed" and task.interruptions == ops.MAX_INTERRUPTIONS + 1
-
-
-def _instance(sessions: Any, clock: Any, provider_id: str, capacity_type: str) -> None:
-    with transaction(sessions) as sess:
-        sess.add(Instance(request_id=f"r-{provider_id}", provider="fake", pool="gpu-pool", instance_type="x",
-                          capacity_type=capacity_type, provider_instance_id=provider_id, state="ready",
-                          created_at=clock.now(), updated_at=clock.now()))
-
-
-def test_a_reclaimed_task_waits_for_on_demand_then_falls_back_to_spot(setup, clock) -> None:
-    s = setup.sessions
-    reclaimed = add_task(s, clock)
-    clock.advance(1)
-    fresh = add_task(s, clock)
-    first = add_worker(s, clock, instance_id="i-spot-1")
-    _instance(s, clock, "i-spot-1", "spot")
-    assert lease(s, clock, first) is not None
-    with transaction(s) as sess:
-        ops.finish(sess, first, reclaimed, now=clock.now(), reason="interrupted", detail="spot")
-    # Another spot worker takes the fresh task, not the reclaimed one at the head.
-    spot = add_worker(s, clock, instance_id="i-spot-2")
-    _instance(s, clock, "i-spot-2", "spot")
-    got = lease(s, clock, spot)
-    assert got is not None and got.id == fresh
-    # The on-demand machine launched for it takes it...
-    on_demand = add_worker(s, clock, instance_id="i-od-1")
-    _instance(s, clock, "i-od-1", "on_demand")
-    got = lease(s, clock, on_demand)
-    assert got is not None and got.id == reclaimed
-    with transaction(s) as sess:
-        ops.finish(sess, on_demand, reclaimed, now=clock.now(), reason="interrupted", detail="spot")
-    # ...and when none comes within the window, spot capacity runs it after all.
-    late = add_worker(s, clock, instance_id="i-spot-3")
-    _instance(s, clock, "i-spot-3", "spot")
-    assert lease(s, clock, late) is None
-    clock.advance(ops.RECLAIMED_ON_DEMAND_WAIT.total_seconds())
-    got = lease(s, clock, late)
-    assert got is not None and got.id == reclaimed
 
 
 def test_cancel_queued_and_running(setup, clock) -> None:

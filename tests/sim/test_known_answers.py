@@ -70,9 +70,9 @@ def test_budget_spent_freezes_and_drains_in_the_next_month(tmp_path: Path) -> No
 
 
 def test_preemption_requeues_and_completes(tmp_path: Path) -> None:
-    # The first spot machine is reclaimed 1 h after launch (notice 2 min before): the
-    # worker is drained, the task interrupted at the reclaim, requeued, and finished on
-    # a second machine.
+    # The first spot machine is reclaimed 1 h after launch with a 2 min notice: the agent
+    # stops the task at the notice (interrupted:spot), it is requeued and finishes on a
+    # second machine, on-demand because its last attempt was reclaimed.
     out = run(tasks(("lab", 0.0, 7200.0, 1)), one_pool(("lab",)), tmp_path, settings(reclaim_first_spot_after_s=3600.0))
     report = metrics.ours(out, None)
     track = next(iter(out.tasks.values()))
@@ -80,5 +80,6 @@ def test_preemption_requeues_and_completes(tmp_path: Path) -> None:
     assert track.attempts == 2
     assert report["counts"]["preemptions"] == 1
     assert report["counts"]["launches"] == 2
-    # 1 GPU ran from 120 s (boot) to 3600 s (reclaim) at $1/h and was lost.
-    assert report["lost_to_preemption_usd"] == round((3600 - 120) / 3600, 2)
+    assert sorted(i.capacity_type for i in out.instances.values()) == ["on_demand", "spot"]
+    # 1 GPU ran from 120 s (boot) to 3480 s (the notice) at $1/h and was lost.
+    assert report["lost_to_preemption_usd"] == round((3480 - 120) / 3600, 2)
