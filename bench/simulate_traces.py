@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preemption-rate", type=float, default=SimSettings.preemption_per_hour)
+    ap.add_argument("--checkpoint-every", type=float, default=None, help="minutes; 0 = only when told to stop")
+    ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -52,11 +54,11 @@ def main() -> None:
                 flush=True,
             )
 
-    outcome = run_simulation(
-        wl, cfg, settings=SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate), progress=progress
-    )
+    checkpoint_s = None if args.checkpoint_every is None else args.checkpoint_every * 60.0
+    settings = SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate, checkpoint_every_s=checkpoint_s)
+    outcome = run_simulation(wl, cfg, policy_dir=args.policy, settings=settings, progress=progress)
     t1 = time.perf_counter()
-    rep = sim_report.build(outcome, None)
+    rep = sim_report.build(outcome, args.policy)
     report_s = time.perf_counter() - t1
     sim_report.write(outcome, rep, args.out)
     print(

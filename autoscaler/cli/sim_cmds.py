@@ -23,6 +23,7 @@ def simulate(
     seed: Annotated[int, typer.Option("--seed", help="Seed for boot delays and spot reclaims.")] = 0,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.json, report.md and PNGs.")] = Path("sim-out"),
     preemption_rate: Annotated[float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")] = 0.24,
+    checkpoint_every: Annotated[float | None, typer.Option("--checkpoint-every", min=0, help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.")] = None,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
@@ -45,7 +46,8 @@ def simulate(
             f"{wide} task(s) need more GPUs than any instance type in the config offers; "
             "add a wider instance type or split those tasks"
         )
-    settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate)
+    checkpoint_s = None if checkpoint_every is None else checkpoint_every * 60.0
+    settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate, checkpoint_every_s=checkpoint_s)
     with Progress(
         TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(), transient=True,

@@ -50,7 +50,7 @@ TRANSITIONS: dict[TaskState, dict[TaskState, str]] = {
         INT: "spot notice or drain deadline: SIGTERM to checkpoint, then requeue",
         X: "worker stopped heartbeating",
     },
-    INT: {Q: "requeued at the head of its queue", F: "interrupted more than 20 times", C: "cancel was requested"},
+    INT: {Q: "requeued at the head of its queue", F: "interrupted more than 1000 times", C: "cancel was requested"},
     X: {Q: "requeued", F: "max_attempts reached", C: "cancel was requested"},
     S: {},
     F: {},

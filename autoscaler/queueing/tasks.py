@@ -24,8 +24,10 @@ from autoscaler.state.models import QueueRow, Task, TaskEvent, TaskLog, Worker
 
 LEASE_TTL = timedelta(seconds=90)
 LEASE_CANDIDATES = 16
-# Spot reclaims and drains a task may go through before it fails for good.
-MAX_INTERRUPTIONS = 20
+# Spot reclaims and drains a task may go through before it fails for good: a guard
+# against a loop, not a policy (a task that checkpoints may need hundreds to finish
+# on spot; the team's budget bounds what they cost).
+MAX_INTERRUPTIONS = 1000
 MAX_COMMAND_ARGS = 4096
 MAX_LOG_CHUNK = 256 * 1024
 

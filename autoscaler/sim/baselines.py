@@ -7,7 +7,8 @@ reclaim rates as our run:
   (see shared/design/anchors.md): a queue per task shape, polled every 5 min; each
   poll launches `backlog - idle - booting` workers of the queue's resource (spot first,
   on-demand when spot is not offered), one task per worker, a worker idle for 15 min is
-  terminated; a preempted task is lost and resubmitted by hand 2 h later.
+  terminated; a preempted task is lost and resubmitted by hand 2 h later (resuming
+  from its last periodic checkpoint when `checkpoint_every_s` > 0: no notice reaches it).
 - `static_fleet`: on-demand machines sized to the peak of concurrent GPU demand,
   running from the first arrival to the last completion, first-fit with backfill.
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from autoscaler.config import AutoscalerConfig
 from autoscaler.provisioning import catalog_offerings
-from autoscaler.sim.engine import SimSettings
+from autoscaler.sim.engine import SimSettings, kept_s
 from autoscaler.sim.summary import Span, TaskResult, summarize
 from autoscaler.sim.workload import TraceTask, Workload
 from providers.base import Offering
@@ -98,6 +99,7 @@ class _Job:
     wait_s: float = 0.0
     started: bool = False
     done: bool = False
+    kept_s: float = 0.0
 
 
 def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSettings) -> dict[str, Any]:
@@ -138,7 +140,7 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
             job.started = True
             w.charge(now)
             w.team, w.task, w.idle_since = job.trace.team, ji, None
-            push(now + job.trace.duration_s, "finish", w.id)
+            push(now + max(job.trace.duration_s - job.kept_s, 0.0), "finish", w.id)
             w_start[w.id] = now
 
     w_start: dict[int, float] = {}
@@ -183,7 +185,11 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
                 job = jobs[w.task]
                 ran = now - w_start[w.id]
                 used_gpu_s += job.trace.gpus * ran
-                lost_usd += job.trace.gpus * ran / 3600.0 * w.offering.hourly_price / w.offering.gpus
+                # No notice reaches the task (no drain on a spot notice): only periodic
+                # checkpoints survive.
+                kept = kept_s(ran, settings.checkpoint_every_s, told_to_stop=False)
+                job.kept_s += kept
+                lost_usd += job.trace.gpus * (ran - kept) / 3600.0 * w.offering.hourly_price / w.offering.gpus
                 # Lost: resubmitted by hand 2 h later; those 2 h are waiting too.
                 counts["lost_tasks_resubmitted"] += 1
                 push(now + CLEARML_RESUBMIT_S, "arrive", w.task)

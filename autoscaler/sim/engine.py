@@ -74,6 +74,11 @@ class SimSettings:
     # crossing its next budget threshold at the current burn, and the month turn.
     tick_s: float = 3600.0
     max_attempts: int = 3
+    # What a stopped attempt keeps (see `kept_s`): None, nothing (it restarts from zero);
+    # 0, everything when the task is told to stop (SIGTERM at a spot notice or a drain
+    # deadline), nothing when its machine just vanishes; N > 0, also a checkpoint every
+    # N seconds of run time.
+    checkpoint_every_s: float | None = None
     # Stop this long after the last arrival even if work is still held (counted unfinished).
     horizon_after_last_arrival_s: float = 60 * 86400.0
     start: datetime = SIM_START
@@ -112,6 +117,7 @@ class TaskTrack:
     lost_usd: float = 0.0
     lost_gpu_s: float = 0.0
     ran_gpu_s: float = 0.0
+    kept_s: float = 0.0  # run time saved in checkpoints: the next attempt resumes from it
 
 
 @dataclass
@@ -499,7 +505,8 @@ class Simulation:
             agent.idle_since = None
             self._queued -= 1
             self._running += 1
-            self._push(self.now_s + track.trace.duration_s, Ev.FINISH, (agent.worker_id, task_id, attempt))
+            remaining = max(track.trace.duration_s - track.kept_s, 0.0)
+            self._push(self.now_s + remaining, Ev.FINISH, (agent.worker_id, task_id, attempt))
 
     def _end(self, agent: SimAgent, task_id: str, interrupted: str) -> None:
         ended = self.ops.finish(agent, task_id, now=self.clock.now(), now_s=self.now_s, interrupted=interrupted)
@@ -511,8 +518,11 @@ class Simulation:
         self._running -= 1
         track.state = ended.state
         if interrupted:
-            track.lost_gpu_s += gpu_s
-            track.lost_usd += gpu_s / 3600.0 * agent.price_per_gpu_h
+            kept = kept_s(ended.ran_s, self.settings.checkpoint_every_s, told_to_stop=interrupted in ("spot", "drain"))
+            track.kept_s += kept
+            lost_gpu_s = ended.gpus * (ended.ran_s - kept)
+            track.lost_gpu_s += lost_gpu_s
+            track.lost_usd += lost_gpu_s / 3600.0 * agent.price_per_gpu_h
         if ended.state == "queued":
             track.queued_since = self.now_s
             self._queued += 1
@@ -649,6 +659,15 @@ class Simulation:
                 dl = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
                 at = max((dl - self.settings.start).total_seconds(), self.now_s)
             self._push(at, Ev.DEADLINE, wid)
+
+
+def kept_s(ran_s: float, every_s: float | None, *, told_to_stop: bool) -> float:
+    """Run time a stopped attempt saved (`SimSettings.checkpoint_every_s`)."""
+    if every_s is None:
+        return 0.0
+    if told_to_stop:
+        return ran_s  # SIGTERM, then the grace to write a checkpoint
+    return math.floor(ran_s / every_s) * every_s if every_s > 0 else 0.0
 
 
 def _month_turn_s(start: datetime, now_s: float) -> float:

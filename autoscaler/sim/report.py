@@ -22,6 +22,7 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
             "seed": st.seed,
             "boot_delay_s": list(st.boot_delay_s),
             "preemption_per_hour": st.preemption_per_hour,
+            "checkpoint_every_s": st.checkpoint_every_s,
             "reconcile_interval_s": cfg.reconcile.interval_s,
             "pools": [p.name for p in cfg.pools],
         },

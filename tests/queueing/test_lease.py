@@ -156,7 +156,8 @@ def test_lost_attempts_count_against_max_attempts(setup, clock) -> None:
     assert (task.state, task.end_reason, task.interruptions) == ("failed", "lost:heartbeat", 0)
 
 
-def test_a_task_reclaimed_without_end_fails_after_max_interruptions(setup, clock) -> None:
+def test_a_task_reclaimed_without_end_fails_after_max_interruptions(setup, clock, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "MAX_INTERRUPTIONS", 3)
     s = setup.sessions
     tid = add_task(s, clock, max_attempts=1)
     w = add_worker(s, clock)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from autoscaler.sim import metrics
+from autoscaler.sim.engine import kept_s
 from tests.sim.helpers import one_pool, policy_with_budgets, run, settings, tasks
 
 
@@ -83,3 +86,31 @@ def test_preemption_requeues_and_completes(tmp_path: Path) -> None:
     assert sorted(i.capacity_type for i in out.instances.values()) == ["on_demand", "spot"]
     # 1 GPU ran from 120 s (boot) to 3480 s (the notice) at $1/h and was lost.
     assert report["lost_to_preemption_usd"] == round((3480 - 120) / 3600, 2)
+
+
+def test_a_task_that_checkpoints_at_the_notice_resumes_where_it_stopped(tmp_path: Path) -> None:
+    # As above, but the task writes a checkpoint when told to stop: nothing is lost and
+    # the second attempt runs only what was left (7200 - (3480 - 120) = 3840 s).
+    sim = settings(reclaim_first_spot_after_s=3600.0, checkpoint_every_s=0.0)
+    out = run(tasks(("lab", 0.0, 7200.0, 1)), one_pool(("lab",)), tmp_path, sim)
+    report = metrics.ours(out, None)
+    track = next(iter(out.tasks.values()))
+    assert (track.state, track.attempts) == ("succeeded", 2)
+    assert report["lost_to_preemption_usd"] == 0
+    assert track.ran_gpu_s == pytest.approx(7200.0)
+    # Started at 120 s; requeued at 3480 s; the on-demand machine boots in 120 s.
+    assert track.finished_s == pytest.approx(3480.0 + 120.0 + 3840.0, abs=30.0)
+
+
+@pytest.mark.parametrize(
+    ("ran", "every", "told", "kept"),
+    [
+        (3000.0, None, True, 0.0),  # no checkpoints: everything is lost
+        (3000.0, 0.0, True, 3000.0),  # checkpoint on SIGTERM
+        (3000.0, 0.0, False, 0.0),  # ...but a vanished machine sends none
+        (3000.0, 1200.0, False, 2400.0),  # the last periodic checkpoint survives
+        (3000.0, 1200.0, True, 3000.0),
+    ],
+)
+def test_kept_run_time(ran: float, every: float | None, told: bool, kept: float) -> None:
+    assert kept_s(ran, every, told_to_stop=told) == kept
