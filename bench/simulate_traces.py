@@ -12,15 +12,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
+from autoscaler.policy.bundle import shipped_policy_dir
 from autoscaler.sim import report as sim_report
 from autoscaler.sim.catalog import default_config
 from autoscaler.sim.engine import SimSettings
 from autoscaler.sim.runner import run_simulation
 from autoscaler.sim.workload import load_workload
+
+
+def spot_only_policy(target: Path) -> Path:
+    """The shipped policies with `default: capacity: spot_only` in priorities.yaml (the
+    shipped case that checks the default capacity is dropped: it tests the shipped data)."""
+    target = target / "policies"
+    shutil.copytree(shipped_policy_dir(), target)
+    data = target / "data" / "priorities.yaml"
+    doc = yaml.safe_load(data.read_text())
+    doc["default"]["capacity"] = "spot_only"
+    data.write_text(yaml.safe_dump(doc))
+    (target / "tests" / "priorities.yaml").unlink()
+    return target
 
 
 def main() -> None:
@@ -31,6 +49,10 @@ def main() -> None:
     ap.add_argument("--preemption-rate", type=float, default=SimSettings.preemption_per_hour)
     ap.add_argument("--checkpoint-every", type=float, default=None, help="minutes; 0 = only when told to stop")
     ap.add_argument("--policy", type=Path, default=None)
+    ap.add_argument(
+        "--spot-only", action="store_true",
+        help="what-if: the shipped policies with every team spot-only (reclaimed work stays on spot)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -54,6 +76,8 @@ def main() -> None:
                 flush=True,
             )
 
+    if args.spot_only:
+        args.policy = spot_only_policy(Path(tempfile.mkdtemp(prefix="spot-only-")))
     checkpoint_s = None if args.checkpoint_every is None else args.checkpoint_every * 60.0
     settings = SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate, checkpoint_every_s=checkpoint_s)
     outcome = run_simulation(wl, cfg, policy_dir=args.policy, settings=settings, progress=progress)

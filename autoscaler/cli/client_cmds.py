@@ -106,8 +106,8 @@ def task_show(
     out.print(f"[bold]{task['id']}[/bold]  {task['state']}  queue={task['queue']} team={task['team']}")
     out.print(f"command: {' '.join(task['command'])}")
     out.print(
-        f"gpus: {task['gpus']}  attempts: {task['attempts']}/{task['max_attempts']}  "
-        f"exit: {task['exit_code']}  end: {task['end_reason']}"
+        f"gpus: {task['gpus']}  attempts: {task['attempts']} (max {task['max_attempts']} failures; "
+        f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  end: {task['end_reason']}"
     )
     print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
 

@@ -421,8 +421,8 @@ class Simulation:
     def _spot_stop(self, inst_id: str) -> None:
         """What the real agent does when its metadata service shows the notice: stop every
         task (SIGTERM to checkpoint; reported `interrupted:spot`, requeued), tell the
-        server it is preempted, deregister. The work is lost; the reconciler sees the
-        requeued tasks and the notice on its next look."""
+        server it is preempted, deregister. What was not checkpointed is lost; the
+        reconciler sees the requeued tasks and the notice on its next look."""
         wid = self.agent_by_instance.get(inst_id)
         agent = self.agents.get(wid) if wid else None
         if agent is None or agent.gone:
