@@ -46,6 +46,10 @@ def offerings(config: AutoscalerConfig) -> list[Offering]:
     return list(seen.values())
 
 
+def _work(t: TraceTask) -> float:
+    return t.gpus * t.duration_s
+
+
 def lower_bound(workload: Workload, config: AutoscalerConfig) -> float:
     offers = offerings(config)
     per_gpu: dict[int, float] = {}
@@ -228,7 +232,7 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
         for team, usd in w.charges.items():
             team_costs[team] += usd
         spans.append(Span(w.team, w.offering.gpus, w.offering.hourly_price, w.launched, end, w.ready))
-    results = [TaskResult(j.trace.team, j.wait_s, j.done, j.started) for j in jobs]
+    results = [TaskResult(j.trace.team, j.wait_s, j.done, j.started, _work(j.trace)) for j in jobs]
     return summarize(results, spans, used_gpu_s=used_gpu_s, lost_usd=lost_usd, counts=counts,
                      team_costs=dict(team_costs))
 
@@ -269,7 +273,7 @@ def static_fleet(workload: Workload, config: AutoscalerConfig) -> dict[str, Any]
                 continue
             free[n] -= t.gpus
             heapq.heappush(heap, (now + t.duration_s, next(seq), n, ti))
-            results[ti] = TaskResult(t.team, now - t.arrival_s, True, True)
+            results[ti] = TaskResult(t.team, now - t.arrival_s, True, True, _work(t))
             gpu_s_by_team[t.team] += t.gpus * t.duration_s
         waiting[:] = still
 

@@ -98,7 +98,12 @@ def ours(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         wait = tr.wait_s
         if tr.state == "queued":
             wait += outcome.end_s - tr.queued_since  # still waiting when the run stopped
-        task_results.append(TaskResult(tr.trace.team, wait, tr.state == "succeeded", tr.started_s is not None))
+        task_results.append(
+            TaskResult(
+                tr.trace.team, wait, tr.state == "succeeded", tr.started_s is not None,
+                tr.trace.gpus * tr.trace.duration_s,
+            )
+        )
     used = sum(tr.ran_gpu_s for tr in outcome.tasks.values())
     lost = sum(tr.lost_usd for tr in outcome.tasks.values())
     launches = len(outcome.instances)

@@ -33,6 +33,7 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         },
         **ours,
         "lower_bound_usd": lower,
+        "lower_bound_work_gpu_hours": round(sum(t.gpus * t.duration_s for t in wl.tasks) / 3600, 1),
         "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
         "baselines": {
             "clearml_style": baselines.clearml_style(wl, cfg, st),
@@ -52,17 +53,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['simulation']['virtual_days']} virtual days in {report['simulation']['wall_s']} s "
         f"({report['simulation']['cycles']} reconcile cycles).",
         "",
-        "| system | cost USD | x lower bound | tasks finished | wait p50 | wait p95 | wait p99 | GPU-h used "
-        "| GPU-h idle | GPU-h booting | lost to preemption USD | launches | preemptions |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| lower bound | {lb:,.2f} | 1.00 | all | 0 | 0 | 0 | | 0 | 0 | 0 | | |",
+        "| system | cost USD | x lower bound | tasks finished | USD per finished GPU-h | wait p50 | wait p95 "
+        "| wait p99 | GPU-h used | GPU-h idle | GPU-h booting | lost to preemption USD | launches | preemptions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| lower bound | {lb:,.2f} | 1.00 | all | {_per_h(lb, report['lower_bound_work_gpu_hours'])} "
+        "| 0 | 0 | 0 | | 0 | 0 | 0 | | |",
     ]
     for name, r in rows:
         w, g, c, t = r["waits_s"], r["gpu_hours"], r["counts"], r["tasks"]
         ratio = f"{r['total_cost_usd'] / lb:.2f}" if lb else "-"
         lines.append(
             f"| {name} | {r['total_cost_usd']:,.2f} | {ratio} | {t['succeeded']}/{t['total']} "
-            f"| {_dur(w['p50'])} | {_dur(w['p95'])} "
+            f"| {_per_h(r['total_cost_usd'], r['completed_work_gpu_hours'])} | {_dur(w['p50'])} | {_dur(w['p95'])} "
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
         )
@@ -79,6 +81,10 @@ def markdown(report: dict[str, Any]) -> str:
     if report["workload"]["notes"]:
         lines += ["", "Notes: " + "; ".join(report["workload"]["notes"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _per_h(usd: float, gpu_hours: float) -> str:
+    return f"{usd / gpu_hours:.2f}" if gpu_hours else "-"
 
 
 def _dur(seconds: float) -> str:

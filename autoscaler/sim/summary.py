@@ -20,6 +20,7 @@ class TaskResult:
     wait_s: float  # total time queued (censored at the end for a task that never ran)
     done: bool  # succeeded
     started: bool
+    work_gpu_s: float = 0.0  # the trace's GPU-seconds for this task (run time x GPUs)
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,13 @@ def summarize(
     for t in task_list:
         by_team_waits[t.team].append(t.wait_s)
     teams = sorted(set(by_team_waits) | {t for t, v in by_team_cost.items() if v > 0})
+    # Cost per GPU-hour of work that was finished: comparable between systems that
+    # finish different shares of the trace (one that gives up looks cheap in total).
+    completed_h = sum(t.work_gpu_s for t in task_list if t.done) / 3600
     return {
         "total_cost_usd": round(total, 2),
+        "completed_work_gpu_hours": round(completed_h, 1),
+        "usd_per_completed_gpu_hour": round(total / completed_h, 3) if completed_h else None,
         "gpu_hours": {
             "total": round(gpu_s / 3600, 1),
             "used": round(used_gpu_s / 3600, 1),

@@ -27,6 +27,8 @@ def test_one_task_one_launch_exact_cost(tmp_path: Path) -> None:
     assert report["waits_s"]["p50"] == 120.0  # the boot
     assert report["gpu_hours"]["used"] == 1.0
     assert report["gpu_hours"]["booting"] == round(120 / 3600, 1)
+    assert report["completed_work_gpu_hours"] == 1.0
+    assert report["usd_per_completed_gpu_hour"] == round(4036 / 3600 * 1.0, 3)
 
 
 def test_burst_beyond_budget_is_held_with_the_exact_alerts(tmp_path: Path) -> None:

@@ -91,3 +91,5 @@ def test_clearml_style_ends_at_the_horizon_with_long_tasks() -> None:
     )
     assert out["tasks"]["succeeded"] == 0
     assert out["counts"]["preemptions"] > 0
+    # It paid for machines but finished no work: no price per finished GPU-hour.
+    assert out["total_cost_usd"] > 0 and out["usd_per_completed_gpu_hour"] is None
