@@ -71,7 +71,8 @@ def test_cli_prints_one_line_for_a_missing_trace(tmp_path: Path) -> None:
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path)],
+        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path),
+         "--checkpoint-every", "30"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -86,3 +87,5 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     for png in ("fleet_and_queue.png", "spend_vs_budget.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| ours |" in (tmp_path / "report.md").read_text()
+    assert rep["settings"]["checkpoint_every_s"] == 1800.0
+    assert rep["usd_per_completed_gpu_hour"] > 0
