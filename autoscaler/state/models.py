@@ -197,7 +197,8 @@ class Worker(Base):
     instance_id: Mapped[str] = mapped_column(String(128), index=True)
     provider: Mapped[str] = mapped_column(String(32))
     pool: Mapped[str] = mapped_column(String(64), index=True)
-    state: Mapped[str] = mapped_column(String(16), default="idle")
+    # Indexed: every cycle looks for live and draining workers among all that ever were.
+    state: Mapped[str] = mapped_column(String(16), default="idle", index=True)
     gpus: Mapped[list[Any]] = mapped_column(default=list)
     gpu_count: Mapped[int] = mapped_column(Integer, default=0)
     gpu_type: Mapped[str | None] = mapped_column(String(64))
