@@ -15,6 +15,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -227,6 +228,10 @@ class Simulation:
         self.team_gpu_s: dict[str, float] = {}
         self.preemptions = 0
         self._queued = 0
+        # Queued tasks by GPUs asked: an agent with fewer free GPUs than the smallest
+        # would get nothing from a lease (the server filters by free GPUs), so it is not
+        # asked; that skips a full lease transaction per agent per poll.
+        self._queued_gpus: Counter[int] = Counter()
         self._running = 0
         self._tick_at: float | None = None
         self._prev_cycle_s = -math.inf
@@ -443,8 +448,11 @@ class Simulation:
             agent = self.agents[wid]
             if agent.gone:
                 self._live.pop(wid, None)
-            elif not agent.draining and agent.free > 0:
+            elif not agent.draining and agent.free >= self._smallest_queued():
                 self._fill(agent)
+
+    def _smallest_queued(self) -> int:
+        return min(self._queued_gpus, default=0)
 
     def _arrive(self, batch: list[TraceTask]) -> None:
         now = self.clock.now()
@@ -456,6 +464,7 @@ class Simulation:
                 row = task_ops.enqueue(s, spec, team=t.team, now=now)
                 self.tasks[row.id] = TaskTrack(t, self.now_s)
         self._queued += len(batch)
+        self._queued_gpus.update(t.gpus for t in batch)
         self._poll_agents()
 
     def _register(self, inst_id: str) -> bool:
@@ -490,7 +499,7 @@ class Simulation:
         from autoscaler.sim.agents import RunningTask
 
         now = self.clock.now()
-        while agent.free > 0 and not agent.draining and not agent.gone and self._queued:
+        while not agent.draining and not agent.gone and self._queued and agent.free >= self._smallest_queued():
             got = self.ops.lease_and_start(agent, now=now)
             if got is None:
                 return
@@ -504,6 +513,9 @@ class Simulation:
             agent.running[task_id] = RunningTask(task_id, gpus, self.now_s, attempt)
             agent.idle_since = None
             self._queued -= 1
+            self._queued_gpus[gpus] -= 1
+            if not self._queued_gpus[gpus]:
+                del self._queued_gpus[gpus]
             self._running += 1
             remaining = max(track.trace.duration_s - track.kept_s, 0.0)
             self._push(self.now_s + remaining, Ev.FINISH, (agent.worker_id, task_id, attempt))
@@ -526,6 +538,7 @@ class Simulation:
         if ended.state == "queued":
             track.queued_since = self.now_s
             self._queued += 1
+            self._queued_gpus[track.trace.gpus] += 1
         elif ended.state in ("succeeded", "failed", "canceled"):
             track.finished_s = self.now_s
 
