@@ -227,7 +227,6 @@ class Simulation:
         self.cycles: list[CycleNote] = []
         self.team_gpu_s: dict[str, float] = {}
         self.preemptions = 0
-        self._queued = 0
         # Queued tasks by GPUs asked: an agent with fewer free GPUs than the smallest
         # would get nothing from a lease (the server filters by free GPUs), so it is not
         # asked; that skips a full lease transaction per agent per poll.
@@ -391,17 +390,9 @@ class Simulation:
             self._poll_agents()
             return True
         if kind == Ev.PREEMPT:
-            inst_id = data
-            track = self.instances.get(inst_id)
-            if track is None or inst_id not in self.live_instances:
-                return False  # terminated before the reclaim came
-            if not track.preempted:  # a reclaim without a notice first
-                track.preempted = True
-                self.preemptions += 1
             # Normally the agent stopped at the notice; one that registered during the
             # notice, or a notice of zero seconds, still runs: the machine is gone anyway.
-            self._spot_stop(inst_id)
-            return True
+            return self._reclaim(data)
         # WAKE: a timer (idle timeout, spot notice, tick).
         if isinstance(data, tuple) and data[0] == "idle":
             # Only a worker still idle since the timer was set can be drained for idleness:
@@ -411,16 +402,20 @@ class Simulation:
             agent = self.agents.get(worker_id)
             return agent is not None and not agent.gone and not agent.running and agent.idle_since == idle_since
         if isinstance(data, tuple) and data[0] == "notice":
-            # A notice for a machine already terminated reaches nobody.
-            track = self.instances.get(data[1])
-            if track is None or data[1] not in self.live_instances:
-                return False
-            # The reclaim is counted at its notice: the reconciler usually terminates the
-            # machine before the cloud takes it.
+            return self._reclaim(data[1])
+        return True
+
+    def _reclaim(self, inst_id: str) -> bool:
+        """A spot notice or the reclaim itself reaches a machine; False when it was
+        terminated before. A reclaim is counted once, at its notice: the reconciler
+        usually terminates the machine before the cloud takes it."""
+        track = self.instances.get(inst_id)
+        if track is None or inst_id not in self.live_instances:
+            return False
+        if not track.preempted:
             track.preempted = True
             self.preemptions += 1
-            self._spot_stop(data[1])
-            return True
+        self._spot_stop(inst_id)
         return True
 
     def _spot_stop(self, inst_id: str) -> None:
@@ -451,6 +446,10 @@ class Simulation:
             elif not agent.draining and agent.free >= self._smallest_queued():
                 self._fill(agent)
 
+    @property
+    def _queued(self) -> int:
+        return self._queued_gpus.total()
+
     def _smallest_queued(self) -> int:
         return min(self._queued_gpus, default=0)
 
@@ -463,7 +462,6 @@ class Simulation:
                 )
                 row = task_ops.enqueue(s, spec, team=t.team, now=now)
                 self.tasks[row.id] = TaskTrack(t, self.now_s)
-        self._queued += len(batch)
         self._queued_gpus.update(t.gpus for t in batch)
         self._poll_agents()
 
@@ -512,7 +510,6 @@ class Simulation:
                 track.started_s = self.now_s
             agent.running[task_id] = RunningTask(task_id, gpus, self.now_s, attempt)
             agent.idle_since = None
-            self._queued -= 1
             self._queued_gpus[gpus] -= 1
             if not self._queued_gpus[gpus]:
                 del self._queued_gpus[gpus]
@@ -537,7 +534,6 @@ class Simulation:
             track.lost_usd += lost_gpu_s / 3600.0 * agent.price_per_gpu_h
         if ended.state == "queued":
             track.queued_since = self.now_s
-            self._queued += 1
             self._queued_gpus[track.trace.gpus] += 1
         elif ended.state in ("succeeded", "failed", "canceled"):
             track.finished_s = self.now_s
