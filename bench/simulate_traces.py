@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/simulate_traces.py --workload philly:../shared/data/traces/philly-vc-gavel [--days D]
     .venv/bin/python bench/simulate_traces.py --workload alibaba:../shared/data/traces/alibaba-gpu-v2023/openb_pod_list_default.csv [--days D]
+    ... [--seed S] [--checkpoint-every MIN] [--spot-only | --policy DIR]
 
 Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
 bound and both baselines in one process, prints wall time, cycles and the comparison
@@ -51,7 +52,8 @@ def main() -> None:
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument(
         "--spot-only", action="store_true",
-        help="what-if: the shipped policies with every team spot-only (reclaimed work stays on spot)",
+        help="what-if: the shipped policies with the default team spot-only, i.e. every trace team "
+        "(reclaimed work stays on spot)",
     )
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args()
