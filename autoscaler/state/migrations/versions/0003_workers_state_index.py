@@ -1,5 +1,6 @@
-"""index workers.state: each cycle selects live and draining workers among every
-worker that ever registered
+"""index workers.state
+
+Each cycle selects live and draining workers among every worker that ever registered.
 
 Revision ID: 0003
 Revises: 0002
