@@ -36,6 +36,18 @@ from tests.pgserver import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 _counter = itertools.count()
+# Agent intervals shrunk so a whole lifecycle takes seconds (agents started by a
+# provider: Slurm jobs, the hybrid end to end); tests/agent keeps its own, finer set.
+FAST_AGENT = [
+    "--heartbeat-interval=0.2",
+    "--lease-interval=0.2",
+    "--log-flush=0.2",
+    "--drain-deadline=1",
+    "--kill-grace=1",
+    "--request-timeout=2",
+    "--backoff-max=0.5",
+    "--register-timeout=20",
+]
 
 TEST_CONFIG = """
 deployment: test

@@ -23,7 +23,6 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,6 +34,7 @@ from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.reconciler.cycle import CycleResult, Reconciler
 from autoscaler.sim.agents import AgentOps, SimAgent
+from autoscaler.sim.budgets import read_budgets
 from autoscaler.sim.workload import TraceTask, Workload
 from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance, Worker, seeded_ids
@@ -211,7 +211,10 @@ class Simulation:
         self.reconciler = Reconciler(
             sessions, config, self.clock, providers, self.policy, history_interval_s=math.inf, record_detail=False
         )
-        self.budgets = _budgets_of(policy)
+        # Read only to know WHEN a decision could change; None (an engine without a
+        # directory, or no readable budgets.yaml) falls back to an hourly look.
+        directory = getattr(policy, "directory", None)
+        self.budgets = read_budgets(Path(directory)) if directory is not None else None
         self.ops = AgentOps(sessions)
         self.interval = config.reconcile.interval_s
         self.now_s = 0.0
@@ -234,7 +237,6 @@ class Simulation:
         self._running = 0
         self._tick_at: float | None = None
         self._prev_cycle_s = -math.inf
-        self._idle_wakes: set[tuple[str, float]] = set()
         self._forced_done = False
 
     # ------------------------------------------------------------------ the loop
@@ -333,8 +335,7 @@ class Simulation:
         d = ev.decision
         if any(td.spend_headroom_per_hour is not None or td.drain or not td.may_scale_up for td in d.teams.values()):
             return tick  # a hard budget binds: its headroom moves with the hours left
-        thresholds, budget_of = self.budgets
-        budgeted = any(budget_of(t.name) for t in pin.teams)
+        budgeted = any(self.budgets.of(t.name).monthly_usd for t in pin.teams)
         if budgeted and (result.launched or result.terminated or result.preempted):
             # The burn this cycle's input showed is stale: time the next look on the new one.
             # Without any budget no threshold can be crossed, so the burn times nothing.
@@ -345,12 +346,12 @@ class Simulation:
         # more cycle (after the interval) is what shows it to the policy.
         since = self._prev_cycle_s if self._prev_cycle_s > -math.inf else self.now_s
         for t in pin.teams:
-            budget = budget_of(t.name)
+            budget = self.budgets.of(t.name).monthly_usd
             if not budget or t.burn_rate_usd_per_hour <= 0:
                 continue
             # Actual spend grows at the burn rate; the forecast (spend + burn x hours
             # left) stays put at a constant burn, so only actual-spend crossings are timed.
-            for th in thresholds:
+            for th in self.budgets.thresholds_pct:
                 target = budget * th / 100.0
                 if target > t.month_to_date_usd:
                     crossing = since + (target - t.month_to_date_usd) / t.burn_rate_usd_per_hour * 3600.0
@@ -398,7 +399,6 @@ class Simulation:
             # Only a worker still idle since the timer was set can be drained for idleness:
             # one that leased again (or left) gives the reconciler nothing to act on.
             _, worker_id, idle_since = data
-            self._idle_wakes.discard((worker_id, self.now_s))
             agent = self.agents.get(worker_id)
             return agent is not None and not agent.gone and not agent.running and agent.idle_since == idle_since
         if isinstance(data, tuple) and data[0] == "notice":
@@ -546,14 +546,12 @@ class Simulation:
                 self._leave(agent, "drained")
             return
         self._fill(agent)
-        if not agent.running:
-            if agent.idle_since is None:
-                agent.idle_since = self.now_s
+        if not agent.running and agent.idle_since is None:
+            # It just became idle: one timer for its idle timeout (a lease clears it).
+            agent.idle_since = self.now_s
             pool = self.config.pool(agent.pool)
-            at = agent.idle_since + (pool.idle_timeout_s if pool else 300.0) + 1.0
-            if (agent.worker_id, at) not in self._idle_wakes:
-                self._idle_wakes.add((agent.worker_id, at))
-                self._push(at, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
+            at = self.now_s + (pool.idle_timeout_s if pool else 300.0) + 1.0
+            self._push(at, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
 
     def _leave(self, agent: SimAgent, reason: str) -> None:
         if not agent.gone:
@@ -684,33 +682,3 @@ def _month_turn_s(start: datetime, now_s: float) -> float:
     now = start + timedelta(seconds=now_s)
     nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
     return (nxt - start).total_seconds()
-
-
-Budgets = tuple[list[float], Callable[[str], float | None]]
-
-
-def _budgets_of(policy: PolicyEngine) -> Budgets | None:
-    """Thresholds and per-team monthly budgets from the policy directory's
-    `data/budgets.yaml` (the shipped layout), read only to know WHEN a decision could
-    change; the decision itself is still the policy's. None when they cannot be read:
-    the simulator then falls back to an hourly look."""
-    directory = getattr(policy, "directory", None)
-    if directory is None:
-        return None
-    path = Path(directory) / "data" / "budgets.yaml"
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    thresholds = sorted(float(x) for x in doc.get("thresholds_pct", [50, 80, 100]))
-    default = doc.get("default") or {}
-    teams = doc.get("teams") or {}
-
-    def budget_of(team: str) -> float | None:
-        conf = teams.get(team) or default
-        usd = conf.get("monthly_usd") if isinstance(conf, dict) else None
-        return float(usd) if usd is not None else None
-
-    return thresholds, budget_of

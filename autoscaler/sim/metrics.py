@@ -10,28 +10,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import select
 
 from autoscaler.ledger.spend import month_bounds
 from autoscaler.policy.bundle import shipped_policy_dir
+from autoscaler.sim.budgets import read_budgets
 from autoscaler.sim.engine import SimOutcome
 from autoscaler.sim.summary import Span, TaskResult, summarize
 from autoscaler.state.models import Instance
 
 
 def budgets(policy_dir: Path | None) -> dict[str, tuple[float, str]]:
-    """team -> (monthly USD, kind) from the policy's data/budgets.yaml."""
-    path = (policy_dir or shipped_policy_dir()) / "data" / "budgets.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError:
-        return {}
-    out: dict[str, tuple[float, str]] = {}
-    for team, conf in (raw.get("teams") or {}).items():
-        if isinstance(conf, dict) and isinstance(conf.get("monthly_usd"), int | float):
-            out[str(team)] = (float(conf["monthly_usd"]), str(conf.get("kind", "soft")))
-    return out
+    """team -> (monthly USD, kind) for the teams data/budgets.yaml names with a budget."""
+    found = read_budgets(policy_dir or shipped_policy_dir())
+    teams = found.teams if found else {}
+    return {t: (b.monthly_usd, b.kind) for t, b in teams.items() if b.monthly_usd is not None}
 
 
 def spans(outcome: SimOutcome) -> list[Span]:

@@ -55,20 +55,10 @@ from autoscaler.state.models import Instance, InstanceEvent, Task, Worker
 from providers.bootstrap import BootstrapSpec, parse_user_data, render_user_data
 from providers.fake import FakeProvider
 from providers.slurm import SlurmProvider
-from tests.conftest import REPO, LiveServer, issue_token, make_context
+from tests.conftest import FAST_AGENT, REPO, LiveServer, issue_token, make_context
 from tests.fakes.slurm import SlurmCluster
 
 PY = sys.executable
-FAST_AGENT = [
-    "--heartbeat-interval=0.2",
-    "--lease-interval=0.2",
-    "--log-flush=0.2",
-    "--drain-deadline=1",
-    "--kill-grace=1",
-    "--request-timeout=2",
-    "--backoff-max=0.5",
-    "--register-timeout=20",
-]
 GPU = {"count": 1, "model": "Simulated A10G", "memory_mb": 24576}
 CLOUD_IDLE_S = 1
 SLURM_IDLE_S = 8

@@ -26,21 +26,10 @@ from autoscaler.state.models import Task, Worker
 from providers.base import LaunchRequest, Offering
 from providers.bootstrap import BootstrapSpec, render_user_data
 from providers.slurm import SlurmProvider, SlurmSettings
-from tests.conftest import LiveServer, issue_token
+from tests.conftest import FAST_AGENT, LiveServer, issue_token
 from tests.fakes.slurm import SlurmCluster
 
 ONE_GPU = Offering("slurm.1gpu", "on_demand", None, 1, "Simulated", 1, 500, 0.0)
-# Shrunk intervals, as in tests/agent: a whole lifecycle takes seconds.
-FAST_AGENT = [
-    "--heartbeat-interval=0.2",
-    "--lease-interval=0.2",
-    "--log-flush=0.2",
-    "--drain-deadline=1",
-    "--kill-grace=1",
-    "--request-timeout=2",
-    "--backoff-max=0.5",
-    "--register-timeout=20",
-]
 OWNER = "slurm-agent-test"
 
 
