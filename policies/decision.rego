@@ -60,6 +60,7 @@ team_decision(name, facts, reasons) := {
 	"max_spot_price": placement.max_spot_price(name),
 	"nominal_gpus": priorities.nominal(name),
 	"borrowing_limit_gpus": object.get(object.get(facts, "borrowable", {}), name, null),
+	"lending_limit_gpus": object.get(priorities.quota(name), "lending_limit_gpus", null),
 	"reasons": reasons,
 }
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from autoscaler.agent.wire import FinishBody, LogChunk
 
-StopCause = Literal["canceled", "timeout", "drain", "spot", "abandoned"]
+StopCause = Literal["canceled", "timeout", "drain", "spot", "reclaim", "abandoned"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def finish_report(stop: StopRequest | None, returncode: int) -> FinishBody:
     code = max(-255, min(255, returncode))
     if stop is None:
         return FinishBody(reason="exit", exit_code=code, detail=died if returncode < 0 else "")
-    if stop.cause in ("drain", "spot"):
+    if stop.cause in ("drain", "spot", "reclaim"):
         return FinishBody(reason="interrupted", exit_code=code, detail=stop.cause)
     if stop.cause == "timeout":
         return FinishBody(reason="timeout", exit_code=code, detail=f"{stop.detail}; {died}".strip("; "))

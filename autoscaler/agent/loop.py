@@ -280,6 +280,11 @@ class Agent:
             if tp is not None and tp.stop is None:
                 log.info("task %s: canceled by the server", task_id)
                 tp.request_stop(StopRequest("canceled", "canceled by the server"), now, self.t.kill_grace_s)
+        for task_id in commands.reclaim:
+            tp = self.tasks.get(task_id)
+            if tp is not None and tp.stop is None:
+                log.info("task %s: its borrowed quota is reclaimed; stopping it so it can checkpoint", task_id)
+                tp.request_stop(StopRequest("reclaim", "quota reclaimed"), now, self.t.preempt_grace_s)
         if commands.drain and self.mode == Mode.RUNNING:
             if commands.drain_deadline is not None:
                 left = (commands.drain_deadline - datetime.now(UTC)).total_seconds()

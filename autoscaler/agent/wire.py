@@ -70,6 +70,8 @@ class Commands(_Reply):
     drain: bool = False
     drain_deadline: datetime | None = None
     cancel: list[str] = Field(default_factory=list)
+    # Tasks whose GPUs a lender takes back (quota): stop them as at a spot notice.
+    reclaim: list[str] = Field(default_factory=list)
     shutdown: bool = False
 
 

@@ -160,6 +160,7 @@ class HeartbeatOut(BaseModel):
     drain: bool
     drain_deadline: datetime | None
     cancel: list[str]
+    reclaim: list[str] = []
     shutdown: bool
 
 

@@ -42,6 +42,9 @@ class DemandGroup:
     # them where the team may use it, so a long task is not reclaimed again and again
     # until its attempts run out (what the simulator showed on the Philly traces).
     after_reclaim: bool = False
+    # CPUs and memory each task asks for (0: no request).
+    cpus: float = 0.0
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class WorkerView:
     gpu_type: str | None = None
     idle_since: datetime | None = None
     instance_id: str | None = None  # our Instance.id, when the worker runs on one of ours
+    # CPUs and memory its running tasks leave free; None: the agent did not report them.
+    cpus_free: float | None = None
+    memory_free_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

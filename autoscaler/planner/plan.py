@@ -22,11 +22,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
+from autoscaler.admission.fit import gpu_type_matches
+from autoscaler.admission.gate import Machine, added_spend, placement_refusal
+from autoscaler.admission.model import TeamAdmission, from_decision
+from autoscaler.admission.quota import Quota
+from autoscaler.admission.quota import room as quota_room
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -47,19 +52,6 @@ from autoscaler.planner.model import (
 from autoscaler.policy.schema import Decision, TeamDecision
 
 INF = math.inf
-
-
-def gpu_type_matches(wanted: str | None, offered: str | None) -> bool:
-    """`A100` matches `NVIDIA A100-SXM4-80GB`; no wish matches anything (same rule as leasing)."""
-    if not wanted:
-        return True
-    if not offered:
-        return False
-
-    def norm(s: str) -> str:
-        return s.lower().replace("nvidia", "").replace("-", " ").strip()
-
-    return norm(wanted) in norm(offered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +75,13 @@ class _Unit:
     answer: tuple[str, int]  # (queue, gpus), as recorded in a launch's answers
     team_queue: tuple[str, str]
     on_demand_first: bool = False  # retried after a spot reclaim: on-demand before spot
+    cpus: float = 0.0
+    memory_mb: int = 0
+
+    @property
+    def sized(self) -> bool:
+        """Asks for CPUs or memory: first fit must look at those too."""
+        return self.cpus > 0 or self.memory_mb > 0
 
 
 @dataclass(slots=True)
@@ -104,6 +103,8 @@ class _Slot:
     free: int
     worker_id: str | None = None
     used: bool = False
+    cpus_free: float | None = None  # None: not known, so not limiting
+    mem_free: int | None = None
 
 
 @dataclass(slots=True)
@@ -115,10 +116,20 @@ class _Bin:
     offering: OfferingView
     free: int
     answers: list[tuple[str, int]] = field(default_factory=list)
+    cpus_free: float | None = None
+    mem_free: int | None = None
 
 
 class _HasFree(Protocol):
     free: int
+    cpus_free: float | None
+    mem_free: int | None
+
+
+def _room_for(item: _HasFree, unit: _Unit) -> bool:
+    if unit.cpus > 0 and item.cpus_free is not None and item.cpus_free + 1e-9 < unit.cpus:
+        return False
+    return not (unit.memory_mb > 0 and item.mem_free is not None and item.mem_free < unit.memory_mb)
 
 
 _Item = TypeVar("_Item", bound=_HasFree)
@@ -156,19 +167,26 @@ class _FreeIndex(Generic[_Item]):
     indexed, since every unit needs at least 1.
     """
 
-    __slots__ = ("_items", "_kind_of", "_kinds")
+    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members")
 
     def __init__(self) -> None:
         self._items: list[_Item] = []
-        # (gpu_machine, gpu_type) -> free size -> heap of positions in `_items`.
-        self._kinds: dict[tuple[bool, str | None], dict[int, list[int]]] = {}
+        # (gpu_machine, gpu_type, machine) -> free size -> heap of positions in `_items`.
+        # The machine (None for planned bins) is what admission looks at: a team may
+        # be allowed on some machines of a pool and not on others.
+        self._kinds: dict[tuple[bool, str | None, Machine | None], dict[int, list[int]]] = {}
+        self._members: dict[tuple[bool, str | None, Machine | None], list[int]] = {}
         self._kind_of: list[dict[int, list[int]]] = []
+        self._kind_key: list[Machine | None] = []
 
-    def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None) -> int:
-        buckets = self._kinds.setdefault((gpu_machine, gpu_type), {})
+    def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None, machine: Machine | None = None) -> int:
+        kind = (gpu_machine, gpu_type, machine)
+        buckets = self._kinds.setdefault(kind, {})
         pos = len(self._items)
         self._items.append(item)
         self._kind_of.append(buckets)
+        self._kind_key.append(machine)
+        self._members.setdefault(kind, []).append(pos)
         if item.free > 0:
             heapq.heappush(buckets.setdefault(item.free, []), pos)
         return pos
@@ -176,17 +194,31 @@ class _FreeIndex(Generic[_Item]):
     def free_at(self, pos: int) -> int:
         return self._items[pos].free
 
-    def first_fit(self, unit: _Unit, type_ok: _TypeMatch) -> int | None:
-        """Position of the first item `unit` fits on (see `_fits`), or None."""
+    def first_fit(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool] | None = None) -> int | None:
+        """Position of the first item `unit` fits on, or None. `admit` says whether the
+        unit's team may use a machine (items without one, planned bins, always may)."""
         best: int | None = None
         need = unit.need
         items = self._items
-        for (gpu_machine, offered), buckets in self._kinds.items():
+        for (gpu_machine, offered, machine), buckets in self._kinds.items():
             # Keep GPU machines for GPU work: a CPU task never counts on a GPU machine.
             if unit.gpus == 0:
                 if gpu_machine:
                     continue
             elif not gpu_machine or not type_ok(unit.gpu_type, offered):
+                continue
+            if admit is not None and machine is not None and not admit(machine):
+                continue
+            if unit.sized:
+                # CPUs and memory are not indexed (few tasks ask for them): scan this
+                # kind's items in insertion order for the first with room for all three.
+                for pos in self._members[(gpu_machine, offered, machine)]:
+                    if best is not None and pos >= best:
+                        break
+                    item = items[pos]
+                    if item.free >= need and _room_for(item, unit):
+                        best = pos
+                        break
                 continue
             for free in [f for f in buckets if f >= need]:
                 heap = buckets[free]
@@ -198,9 +230,20 @@ class _FreeIndex(Generic[_Item]):
                     best = heap[0]
         return best
 
-    def take(self, pos: int, need: int) -> _Item:
+    def machine_at(self, pos: int) -> Machine | None:
+        return self._kind_key[pos]
+
+    def can_take(self, pos: int, unit: _Unit) -> bool:
         item = self._items[pos]
-        item.free -= need
+        return item.free >= unit.need and _room_for(item, unit)
+
+    def take(self, pos: int, unit: _Unit) -> _Item:
+        item = self._items[pos]
+        item.free -= unit.need
+        if unit.cpus > 0 and item.cpus_free is not None:
+            item.cpus_free -= unit.cpus
+        if unit.memory_mb > 0 and item.mem_free is not None:
+            item.mem_free -= unit.memory_mb
         if item.free > 0:
             heapq.heappush(self._kind_of[pos].setdefault(item.free, []), pos)
         return item
@@ -252,6 +295,8 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
             (g.queue, g.gpus),
             (g.team, g.queue),
             g.after_reclaim,
+            g.cpus,
+            g.memory_mb,
         )
         runs.append((unit, g.count))
     return runs
@@ -312,7 +357,9 @@ class _OfferingChooser:
         self._type_ok = type_ok
         # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
         # and the two team answers that filter offerings (most teams share them).
-        self._memo: dict[tuple[str, int, str | None, int, tuple[str, ...], float | None, bool], _Candidates] = {}
+        self._memo: dict[
+            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int], _Candidates
+        ] = {}
         self._biggest: dict[str, int] = {}
 
     def _candidates(self, pool: PoolView, unit: _Unit, td: TeamDecision, useful_cap: int) -> _Candidates:
@@ -325,6 +372,8 @@ class _OfferingChooser:
                 if o.gpus < unit.gpus or not self._type_ok(unit.gpu_type, o.gpu_type):
                     continue
             elif o.gpus > 0:
+                continue
+            if o.cpus < unit.cpus or o.memory_mb < unit.memory_mb:
                 continue
             shape_ok += 1
             if o.capacity_type not in td.allowed_capacity_types:
@@ -376,6 +425,8 @@ class _OfferingChooser:
             tuple(td.allowed_capacity_types),
             td.max_spot_price,
             unit.on_demand_first,
+            unit.cpus,
+            unit.memory_mb,
         )
         cands = self._memo.get(memo_key)
         if cands is None:
@@ -386,6 +437,10 @@ class _OfferingChooser:
         shape = "a CPU-only machine"
         if unit.gpus:
             shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
+        if unit.cpus:
+            shape += f", {unit.cpus:g} CPU(s)"
+        if unit.memory_mb:
+            shape += f", {unit.memory_mb} MB of memory"
         if cands.shape_ok == 0:
             return None, f"pool {pool.name} has no instance type with {shape}"
         if cands.ranked:
@@ -411,7 +466,10 @@ def plan(inp: PlanInput) -> Plan:
         drained_teams |= teams_in_demand | {i.team for i in inp.instances if i.team}
     notes: list[str] = []
     if dec.fail_safe:
-        notes.append(f"policy could not be evaluated ({dec.error}); growth is frozen, running work is kept")
+        notes.append(
+            f"policy could not be evaluated ({dec.error}): holding, nothing is launched (not even for pool "
+            "minimums), running work is kept, idle machines still drain"
+        )
 
     # 1. clean up --------------------------------------------------------------------
     terminations = _cleanup(inp, drained_teams)
@@ -444,8 +502,17 @@ def plan(inp: PlanInput) -> Plan:
         if w.state not in ("idle", "busy") or team_drained_worker(w.instance_id) or w.pool not in pools:
             continue
         free = w.gpu_count - w.used_gpus if w.gpu_count > 0 else 1 - w.running_tasks
-        slot = _Slot(w.pool, w.gpu_count > 0, w.gpu_type, max(free, 0), worker_id=w.id)
-        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type)
+        slot = _Slot(
+            w.pool,
+            w.gpu_count > 0,
+            w.gpu_type,
+            max(free, 0),
+            worker_id=w.id,
+            cpus_free=w.cpus_free,
+            mem_free=w.memory_free_mb,
+        )
+        w_inst = by_id.get(w.instance_id) if w.instance_id else None
+        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(w.pool, w.gpu_count, w_inst))
         pool = pools[w.pool]
         if (
             w.state == "idle"
@@ -465,9 +532,56 @@ def plan(inp: PlanInput) -> Plan:
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
-            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type)
+            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(inst.pool, inst.gpus, inst))
 
     tds = {t: dec.team(t) for t in teams_in_demand}
+    # Admission, the same rule the lease applies (autoscaler.admission): work goes
+    # onto a machine only where its team may be, within its GPU quota, and where it
+    # adds spend (another team's or the shared line's machine) within its headroom.
+    adms: dict[str, TeamAdmission] = {t: from_decision(t, td, fail_safe=dec.fail_safe) for t, td in tds.items()}
+    headroom: dict[str, float] = {
+        t: INF if a.headroom_usd_per_hour is None else a.headroom_usd_per_hour for t, a in adms.items()
+    }
+    quotas: dict[str, Quota] = {t: a.quota for t, a in adms.items() if a.quota is not None}
+    # Teams without demand still lend their unused quota (or hold borrowed GPUs).
+    for name in {*dec.teams} - set(adms):
+        other = dec.teams[name]
+        if other.nominal_gpus is not None:
+            quotas[name] = Quota(other.nominal_gpus, other.borrowing_limit_gpus, other.lending_limit_gpus)
+    allocated: Counter[str] = Counter()
+
+    def quota_left(team: str) -> int | None:
+        """GPUs the team may still be given in this plan (None: no quota)."""
+        if team not in quotas:
+            return None
+        held = {t: inp.running_gpus.get(t, 0) + allocated[t] for t in quotas}
+        return quota_room(team, quotas, held)
+
+    def quota_reason(u: _Unit, left: int) -> str:
+        q = quotas[u.team]
+        return (
+            f"quota: team {u.team} holds or is planned {inp.running_gpus.get(u.team, 0) + allocated[u.team]} "
+            f"GPU(s) of nominal {q.nominal_gpus}"
+            + (f" + borrowing limit {q.borrowing_limit_gpus}" if q.borrowing_limit_gpus is not None else "")
+            + f"; {left} more may start now, a task needs {u.gpus}"
+        )
+
+    def admitter(u: _Unit) -> Callable[[Machine], bool]:
+        adm = adms[u.team]
+
+        def admit(machine: Machine) -> bool:
+            if placement_refusal(adm, machine) is not None:
+                return False
+            cost = added_spend(adm, machine, u.gpus)
+            if cost <= 1e-12:
+                return True
+            return adm.may_scale_up and not adm.fail_safe and cost <= headroom[u.team] + 1e-9
+
+        return admit
+
+    def charge(u: _Unit, machine: Machine | None) -> None:
+        if machine is not None:
+            headroom[u.team] -= added_spend(adms[u.team], machine, u.gpus)
 
     def tier(team: str) -> int:
         return tds[team].priority_tier
@@ -477,24 +591,29 @@ def plan(inp: PlanInput) -> Plan:
     runs = _runs(inp.demand, queues, inp)
     runs.sort(key=lambda r: (-tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
     ranked = {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues}
-    allocated: Counter[str] = Counter()
     remaining: list[tuple[_Unit, int]] = []
     placed_existing = 0
     # Free capacity only shrinks during this step, so once a task of some shape finds no
     # slot in its queue's pools, no later task of that shape will: the rest of its run,
     # and every later run of that shape, go straight to step 3.
-    no_fit: set[tuple[str, int, str | None]] = set()
+    no_fit: set[tuple[str, str, int, str | None, float, int]] = set()
     for u, n in runs:
         placed = 0
-        shape = (u.queue, u.gpus, u.gpu_type)
+        shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape not in no_fit:
             candidates = [slots[p.name] for p in ranked.get(u.queue, ()) if p.name in slots]
+            admit = admitter(u)
             while placed < n:
+                left = quota_left(u.team)
+                if left is not None and u.gpus > left:
+                    break  # step 3 holds the rest with the quota reason
                 # First pool in rank order with a slot that fits, first fitting slot there.
                 for index in candidates:
-                    pos = index.first_fit(u, type_ok)
+                    pos = index.first_fit(u, type_ok, admit)
                     if pos is not None:
-                        index.take(pos, u.need).used = True
+                        index.take(pos, u).used = True
+                        charge(u, index.machine_at(pos))
+                        allocated[u.team] += u.gpus
                         placed += 1
                         break
                 else:
@@ -502,7 +621,6 @@ def plan(inp: PlanInput) -> Plan:
                     break
         if placed:
             placed_existing += placed
-            allocated[u.team] += u.gpus * placed
         if placed < n:
             remaining.append((u, n - placed))
 
@@ -511,7 +629,6 @@ def plan(inp: PlanInput) -> Plan:
     # Each team's new instances per pool, indexed by free size for first fit.
     bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
     chooser = _OfferingChooser(type_ok)
-    headroom: dict[str, float] = {}
     held: Counter[tuple[str, str, str]] = Counter()
     held_gpus: Counter[tuple[str, str, str]] = Counter()
     want: Counter[tuple[str, str]] = Counter()
@@ -519,7 +636,7 @@ def plan(inp: PlanInput) -> Plan:
         want[u.team_queue] += u.gpus * n
     # A shape that could not get a new machine will not get one later in this plan:
     # counts only grow and headroom only shrinks, so the refusal is remembered.
-    refused: dict[tuple[str, str, int, str | None], str] = {}
+    refused: dict[tuple[str, str, int, str | None, float, int], str] = {}
 
     def hold(u: _Unit, reason: str, n: int = 1) -> None:
         held[(u.team, u.queue, reason)] += n
@@ -535,9 +652,9 @@ def plan(inp: PlanInput) -> Plan:
             if index is not None:
                 pos = index.first_fit(u, type_ok)
                 if pos is not None:
-                    index.take(pos, u.need).answers.append(u.answer)
+                    index.take(pos, u).answers.append(u.answer)
                     return index, pos
-        shape = (u.team, u.queue, u.gpus, u.gpu_type)
+        shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape in refused:
             hold(u, refused[shape])
             return None
@@ -559,7 +676,15 @@ def plan(inp: PlanInput) -> Plan:
             if offering is None:
                 reasons.append(why)
                 continue
-            b = _Bin(u.team, pool.name, offering, (offering.gpus or 1) - u.need, [u.answer])
+            b = _Bin(
+                u.team,
+                pool.name,
+                offering,
+                (offering.gpus or 1) - u.need,
+                [u.answer],
+                offering.cpus - u.cpus if u.cpus > 0 else offering.cpus,
+                offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb,
+            )
             index = team_bins.get(pool.name)
             if index is None:
                 index = team_bins[pool.name] = _FreeIndex()
@@ -587,7 +712,6 @@ def plan(inp: PlanInput) -> Plan:
         pending: dict[str, deque[_Run]] = {}
         for team, team_runs in by_tier[t].items():
             td = tds[team]
-            headroom[team] = INF if td.spend_headroom_per_hour is None else td.spend_headroom_per_hour
             if team in drained_teams or not td.may_scale_up:
                 why = "; ".join(td.reasons) or ("policy: scale-up frozen" if not td.may_scale_up else "")
                 why = f"team {team} may not scale up" + (f": {why}" if why else "")
@@ -613,13 +737,17 @@ def plan(inp: PlanInput) -> Plan:
                 run.left -= 1
                 if run.left == 0:
                     queue_of_team.popleft()
-                if at is not None and run is prev and at[0].free_at(at[1]) >= u.need:
+                left = quota_left(team)
+                if left is not None and u.gpus > left:
+                    hold(u, quota_reason(u, left))
+                    at = None
+                elif at is not None and run is prev and at[0].can_take(at[1], u):
                     # The task before this one was the same shape, for the same team,
                     # and went into a bin that still has room: that bin is this task's
                     # first fit too. Bins ahead of it did not fit that shape and have
                     # not changed since (only this team fills its bins), so the search
                     # in try_place would end there: skip it.
-                    at[0].take(at[1], u.need).answers.append(u.answer)
+                    at[0].take(at[1], u).answers.append(u.answer)
                 else:
                     at = try_place(u, td)
                 if at is not None:
@@ -640,9 +768,14 @@ def plan(inp: PlanInput) -> Plan:
 
     launches = [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in launches_bins]
 
+    if dec.fail_safe:
+        # Fail-safe means hold. Every team is frozen then, so nothing above launched;
+        # this keeps it so whatever a failed decision carries.
+        launches = []
+
     # min_instances for cloud pools, charged to no team ---------------------------------
     for p in sorted(inp.pools, key=lambda p: cost[p.name]):
-        while not p.static and count[p.name] < min_eff[p.name]:
+        while not dec.fail_safe and not p.static and count[p.name] < min_eff[p.name]:
             cheapest = _cheapest(p)
             if cheapest is None:
                 notes.append(f"pool {p.name} is below its min of {min_eff[p.name]}; no offering is free")
@@ -698,6 +831,14 @@ def plan(inp: PlanInput) -> Plan:
         for (team, queue, reason), n in sorted(held.items())
     )
     return Plan(tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing, tuple(notes))
+
+
+def _machine(pool: str, gpus: int, inst: InstanceView | None) -> Machine:
+    """A worker's or booting instance's machine as admission sees it (no instance
+    record: an on-prem or Slurm machine we do not pay for by the hour)."""
+    if inst is None:
+        return Machine(pool, gpus)
+    return Machine(pool, inst.gpus or gpus, inst.hourly_price, inst.team, inst.capacity_type)
 
 
 def _cheapest(pool: PoolView) -> OfferingView | None:

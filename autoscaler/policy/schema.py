@@ -118,7 +118,14 @@ class TeamDecision(_Model):
     max_spot_price: float | None = Field(None, description="USD/h cap on a spot offering; None = no cap.")
     nominal_gpus: int | None = Field(None, description="GPUs the team is guaranteed (Kueue nominal quota).")
     borrowing_limit_gpus: int | None = Field(
-        None, description="GPUs the team may borrow beyond nominal from unused quota; None = no limit."
+        None,
+        description=(
+            "GPUs the team may borrow beyond nominal until the next evaluation (what others leave unused, "
+            "within its limit); the gates lower it further as the cohort's use changes. None = no limit."
+        ),
+    )
+    lending_limit_gpus: int | None = Field(
+        None, description="At most this many of the team's unused nominal GPUs are lent to others; None = all."
     )
     reasons: list[str] = Field(default_factory=list)
 

@@ -10,20 +10,26 @@ holding the fewest GPUs per unit of weight first), then age.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
+from autoscaler.admission import store as admission_store
+from autoscaler.admission.fit import Room, gpu_type_matches
+from autoscaler.admission.gate import Machine, added_spend, largest_admissible
+from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
+from autoscaler.admission.quota import over_borrowed
+from autoscaler.admission.quota import room as quota_room
 from autoscaler.errors import Forbidden, InvalidInput, NotFound
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
-from autoscaler.state.models import QueueRow, Task, TaskEvent, TaskLog, Worker
+from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker
 
 LEASE_TTL = timedelta(seconds=90)
-LEASE_CANDIDATES = 16
+_ACTIVE = tuple(s.value for s in ACTIVE)
 # Spot reclaims and drains a task may go through before it fails for good: a guard
 # against a loop, not a policy (a task that checkpoints may need hundreds to finish
 # on spot; the team's budget bounds what they cost).
@@ -90,24 +96,9 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Ta
     return task
 
 
-def gpu_type_matches(wanted: str | None, offered: str | None) -> bool:
-    """`A100` matches `NVIDIA A100-SXM4-80GB`; no wish matches anything."""
-    if not wanted:
-        return True
-    if not offered:
-        return False
-    return _norm_gpu(wanted) in _norm_gpu(offered)
-
-
-def _norm_gpu(model: str) -> str:
-    return model.lower().replace("nvidia", "").replace("-", " ").strip()
-
-
 def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task]]:
     active = list(
-        session.scalars(
-            select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE]))
-        )
+        session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
     )
     used = {int(i) for t in active for i in (t.gpu_indices or [])}
     return used, active
@@ -123,61 +114,56 @@ def team_usage(session: Session) -> dict[str, tuple[int, int]]:
     return {team: (int(gpus or 0), int(n)) for team, gpus, n in rows}
 
 
-def lease(
-    session: Session,
-    worker_id: str,
-    *,
-    now: datetime,
-    team_weights: Mapping[str, float] | None = None,
-) -> Task | None:
-    """Give the worker the best queued task that fits its free GPUs, or None."""
+def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
+    """Give the worker the best queued task that fits it and that admission allows, or None.
+
+    "Fits" is every resource: free GPUs, GPU type, free CPUs and free memory. "Allows"
+    is the last policy evaluation's admission (`autoscaler.admission`): the team is
+    not drained, may use this pool and capacity type, stays within its GPU quota, and
+    whatever the lease adds to its spend fits its headroom. Both are conditions of the
+    query, not a filter over a window of candidates, so no number of older tasks that
+    do not fit can hide one that does. Order: the team's priority tier, queue
+    priority, task priority, weighted fair share between teams (fewest GPUs held per
+    unit of weight first), then age.
+    """
     # Idle agents poll every few seconds, and most polls find nothing: answer those
     # with one indexed probe (ix_tasks_lease leads with state) instead of a row lock
-    # and four queries. Skipping is safe: a task queued just after the probe is seen
-    # by the next poll, exactly as if it had been queued just after a full lease.
+    # and several queries. Skipping is safe: a task queued just after the probe is
+    # seen by the next poll, exactly as if it had been queued just after a full lease.
     # (The poll then does not refresh last_heartbeat; heartbeats do that.)
     if session.scalar(select(Task.id).where(Task.state == TaskState.QUEUED.value).limit(1)) is None:
         return None
     # Touch the worker first: on PostgreSQL this row lock serialises two leases by the
     # same worker (so GPU indices are never handed out twice); a draining or gone
     # worker matches nothing and gets nothing.
-    worker = session.scalar(
-        select(Worker).where(Worker.id == worker_id).with_for_update()
-    )
+    worker = session.scalar(select(Worker).where(Worker.id == worker_id).with_for_update())
     if worker is None:
         raise NotFound(f"worker {worker_id} is not registered")
     worker.last_heartbeat = now
     if worker.state not in ("idle", "busy"):
         return None
-    used, _active = _busy_indices(session, worker_id)
-    free = [i for i in range(worker.gpu_count) if i not in used]
-    queues = {
-        q.name: q.priority for q in session.scalars(select(QueueRow)) if worker.pool in (q.pools or [])
-    }
+    queues = {q.name: q.priority for q in session.scalars(select(QueueRow)) if worker.pool in (q.pools or [])}
     if not queues:
         return None
-    stmt = (
-        select(Task)
-        .join(QueueRow, QueueRow.name == Task.queue)
-        .where(Task.state == TaskState.QUEUED.value, Task.queue.in_(list(queues)), Task.gpus <= len(free))
-        .order_by(QueueRow.priority.desc(), Task.priority.desc(), Task.sort_key, Task.id)
-        .limit(LEASE_CANDIDATES)
+    used, active = _busy_indices(session, worker_id)
+    free = [i for i in range(worker.gpu_count) if i not in used]
+    room = Room(
+        len(free),
+        worker.gpu_type,
+        max(worker.cpus - sum(t.cpus for t in active), 0.0) if worker.cpus > 0 else None,
+        max(worker.memory_mb - sum(t.memory_mb for t in active), 0) if worker.memory_mb > 0 else None,
     )
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True, of=Task)
-    candidates = [t for t in session.scalars(stmt) if gpu_type_matches(t.gpu_type, worker.gpu_type)]
-    if not candidates:
+    machine = machine_of(session, worker)
+    table = admission_store.load(session)
+    usage = team_usage(session)
+    choice = _choose(session, queues, room, machine, table, usage)
+    if choice is None:
         return None
-    weights = team_weights or {}
-    usage = team_usage(session) if len({t.team for t in candidates}) > 1 else {}
-
-    def order(t: Task) -> tuple[Any, ...]:
-        weight = max(weights.get(t.team, 1.0), 1e-9)
-        gpus, count = usage.get(t.team, (0, 0))
-        # CPU-only work holds no GPUs, so the task count breaks ties between teams.
-        return (-queues[t.queue], -t.priority, gpus / weight, count / weight, t.sort_key, t.id)
-
-    task = min(candidates, key=order)
+    task, adm = choice
+    if adm is not None and not admission_store.spend_headroom(
+        session, adm, added_spend(adm, machine, task.gpus), now=now
+    ):
+        return None  # a concurrent lease spent the headroom first; the next poll looks again
     task.attempts += 1
     task.worker_id = worker.id
     task.gpu_indices = free[: task.gpus]
@@ -187,7 +173,144 @@ def lease(
     transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"worker {worker.hostname}")
     worker.state = "busy"
     worker.idle_since = None
+    if adm is not None and adm.quota is not None and table is not None:
+        held = {t: g for t, (g, _n) in usage.items()}
+        held[task.team] = held.get(task.team, 0) + task.gpus
+        reclaim_borrowed(session, table, held, now=now)
     return task
+
+
+def machine_of(session: Session, worker: Worker) -> Machine:
+    """The worker's machine as admission sees it: its price, capacity type and the team
+    its unused time is charged to. A machine with no instance record (a declared
+    on-prem machine, a Slurm node we do not price) costs nothing to use."""
+    inst = session.scalar(
+        select(Instance)
+        .where(Instance.pool == worker.pool, Instance.provider_instance_id == worker.instance_id)
+        .order_by(Instance.created_at.desc())
+        .limit(1)
+    )
+    if inst is None:
+        return Machine(worker.pool, worker.gpu_count)
+    return Machine(worker.pool, inst.gpus or worker.gpu_count, inst.hourly_price, inst.team, inst.capacity_type)
+
+
+def _choose(
+    session: Session,
+    queues: Mapping[str, int],
+    room: Room,
+    machine: Machine,
+    table: AdmissionTable | None,
+    usage: Mapping[str, tuple[int, int]],
+) -> tuple[Task, TeamAdmission | None] | None:
+    """The task to lease and its team's admission (None before any evaluation)."""
+    fit: list[ColumnElement[bool]] = [
+        Task.state == TaskState.QUEUED.value,
+        Task.queue.in_(list(queues)),
+        Task.gpus <= room.gpus,
+    ]
+    if room.cpus is not None:
+        fit.append(Task.cpus <= room.cpus + 1e-9)
+    if room.memory_mb is not None:
+        fit.append(Task.memory_mb <= room.memory_mb)
+    wished = session.scalars(select(Task.gpu_type).where(*fit, Task.gpus > 0, Task.gpu_type.is_not(None)).distinct())
+    mismatched = [g for g in wished if g and not gpu_type_matches(g, room.gpu_type)]
+    if mismatched:
+        fit.append(or_(Task.gpus == 0, Task.gpu_type.is_(None), Task.gpu_type.not_in(mismatched)))
+
+    # Per tier, which teams may lease here and how many GPUs one task of each may take.
+    tiers: dict[int, list[ColumnElement[bool]]] = defaultdict(list)
+    adm_of: dict[str, TeamAdmission] = {}
+    if table is None:
+        tiers[0].append(true())
+    else:
+        held = {t: g for t, (g, _n) in usage.items()}
+        quotas = table.quotas()
+        by_limit: dict[tuple[int, int], list[str]] = defaultdict(list)
+        for team, adm in table.teams.items():
+            if team == DEFAULT_TEAM:
+                continue
+            adm_of[team] = adm
+            limit = largest_admissible(adm, machine, quota_room(team, quotas, held))
+            if limit is not None:
+                by_limit[(adm.priority_tier, limit)].append(team)
+        for (tier, limit), teams in by_limit.items():
+            tiers[tier].append(and_(Task.team.in_(teams), Task.gpus <= limit))
+        default = table.of(DEFAULT_TEAM)
+        limit = largest_admissible(default, machine, None)
+        if limit is not None:
+            known = [t for t in table.teams if t != DEFAULT_TEAM]
+            tiers[default.priority_tier].append(
+                and_(Task.team.not_in(known), Task.gpus <= limit) if known else Task.gpus <= limit
+            )
+    order = (QueueRow.priority.desc(), Task.priority.desc(), Task.sort_key, Task.id)
+    postgres = session.get_bind().dialect.name == "postgresql"
+
+    def admission_of(team: str) -> TeamAdmission | None:
+        return adm_of.get(team) or (table.of(team) if table is not None else None)
+
+    def share(team: str) -> tuple[float, float]:
+        adm = admission_of(team)
+        weight = max(adm.priority_weight if adm is not None else 1.0, 1e-9)
+        gpus, count = usage.get(team, (0, 0))
+        # CPU-only work holds no GPUs, so the task count breaks ties between teams.
+        return (gpus / weight, count / weight)
+
+    for tier in sorted(tiers, reverse=True):
+        where = [*fit, or_(*tiers[tier])]
+        base = select(Task).join(QueueRow, QueueRow.name == Task.queue).where(*where)
+        # On PostgreSQL a concurrent leaser may take the rows seen by one query before
+        # the next runs (read committed): look again, a few times, before giving up.
+        for _ in range(3):
+            first = session.scalars(base.order_by(*order).limit(1)).first()
+            if first is None:
+                break
+            level = (QueueRow.priority == queues[first.queue], Task.priority == first.priority)
+            teams = list(
+                session.scalars(
+                    select(Task.team).join(QueueRow, QueueRow.name == Task.queue).where(*where, *level).distinct()
+                )
+            )
+            if not teams:
+                continue
+            # Teams with equal shares go oldest task first, as a single queue would.
+            best = min(share(t) for t in teams)
+            tied = [t for t in teams if share(t) == best]
+            stmt = base.where(*level, Task.team.in_(tied)).order_by(*order).limit(1)
+            if postgres:
+                stmt = stmt.with_for_update(skip_locked=True, of=Task)
+            task = session.scalars(stmt).first()
+            if task is not None:
+                return task, admission_of(task.team)
+    return None
+
+
+def reclaim_borrowed(session: Session, table: AdmissionTable, held: Mapping[str, int], *, now: datetime) -> None:
+    """A lender took its quota back: ask the borrowers' newest work to stop (SIGTERM,
+    `interrupted:reclaim`, requeued at the head of its queue) until the cohort lends
+    no more than its teams leave unused."""
+    owed = over_borrowed(table.quotas(), held)
+    for team, gpus in owed.items():
+        pending = sum(
+            t.gpus
+            for t in session.scalars(
+                select(Task).where(Task.team == team, Task.reclaim_requested.is_(True), Task.state.in_(_ACTIVE))
+            )
+        )
+        need = gpus - pending
+        if need <= 0:
+            continue
+        newest = session.scalars(
+            select(Task)
+            .where(Task.team == team, Task.state.in_(_ACTIVE), Task.gpus > 0, Task.reclaim_requested.is_(False))
+            .order_by(Task.updated_at.desc(), Task.id.desc())
+        )
+        for victim in newest:
+            if need <= 0:
+                break
+            victim.reclaim_requested = True
+            victim.updated_at = now
+            need -= victim.gpus
 
 
 def _worker_task(session: Session, worker_id: str, task_id: str) -> Task:
@@ -224,13 +347,25 @@ def requeue_or_fail(session: Session, task: Task, *, now: datetime, reason: str)
         task.finished_at = now
         return
     if task.interruptions > MAX_INTERRUPTIONS:
-        transition(session, task, TaskState.FAILED, reason="max_interruptions", now=now,
-                   detail=f"interrupted {task.interruptions} times; last: {reason}")
+        transition(
+            session,
+            task,
+            TaskState.FAILED,
+            reason="max_interruptions",
+            now=now,
+            detail=f"interrupted {task.interruptions} times; last: {reason}",
+        )
         task.finished_at = now
         return
     if not infra and task.attempts - task.interruptions >= task.max_attempts:
-        transition(session, task, TaskState.FAILED, reason="max_attempts", now=now,
-                   detail=f"{task.attempts - task.interruptions} failed attempts; last ended: {reason}")
+        transition(
+            session,
+            task,
+            TaskState.FAILED,
+            reason="max_attempts",
+            now=now,
+            detail=f"{task.attempts - task.interruptions} failed attempts; last ended: {reason}",
+        )
         task.finished_at = now
         return
     # sort_key is kept: an interrupted task goes back to the head of its queue.
@@ -311,9 +446,7 @@ def interrupt_worker_tasks(session: Session, worker_id: str, *, now: datetime, r
     """Every active task of a vanished or deregistered worker: lost/interrupted, then requeued."""
     tasks = list(
         session.scalars(
-            select(Task)
-            .where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE]))
-            .with_for_update()
+            select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])).with_for_update()
         )
     )
     for task in tasks:
@@ -324,7 +457,9 @@ def interrupt_worker_tasks(session: Session, worker_id: str, *, now: datetime, r
     return tasks
 
 
-def append_logs(session: Session, worker_id: str, task_id: str, chunks: Sequence[tuple[str, str]], *, now: datetime) -> int:
+def append_logs(
+    session: Session, worker_id: str, task_id: str, chunks: Sequence[tuple[str, str]], *, now: datetime
+) -> int:
     task = session.get(Task, task_id)
     if task is None or task.worker_id != worker_id:
         raise NotFound(f"task {task_id} is not leased by worker {worker_id}")

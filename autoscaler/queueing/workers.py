@@ -91,6 +91,7 @@ class HeartbeatReply:
     cancel: list[str]
     shutdown: bool
     known_tasks: list[str]
+    reclaim: list[str] = field(default_factory=list)
 
 
 def heartbeat(
@@ -136,6 +137,7 @@ def heartbeat(
         cancel=cancel,
         shutdown=False,
         known_tasks=sorted(known),
+        reclaim=[t.id for t in tasks if t.reclaim_requested and not t.cancel_requested],
     )
 
 

@@ -68,10 +68,7 @@ def build_providers(config: AutoscalerConfig, runtime: Runtime) -> dict[str, Pro
     """A provider for every pool, static ones included: a static pool's provider lists its
     declared machines (and a typo in `options.machines` fails `up`, not silently later);
     the reconciler never launches or terminates through it (see `Reconciler._sync`)."""
-    return {
-        pool.name: build_provider(pool, deployment=config.deployment, home=runtime.home)
-        for pool in config.pools
-    }
+    return {pool.name: build_provider(pool, deployment=config.deployment, home=runtime.home) for pool in config.pools}
 
 
 def reconciler_component(runtime: Runtime) -> None:

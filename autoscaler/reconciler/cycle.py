@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,6 +37,8 @@ from typing import cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.admission import store as admission_store
+from autoscaler.admission.model import admissions
 from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
@@ -174,6 +176,13 @@ class Reconciler:
         t3 = self.perf()
         the_plan = plan(snap.plan_input(evaluation.decision, drain_deadline_s=self.drain_deadline_s))
         timings["plan"] = (self.perf() - t3) * 1000
+        # The lease gate's copy of this decision, before anything is acted on: from
+        # here on every lease answers to it (the headroom net of what this plan buys).
+        spent: dict[str, float] = defaultdict(float)
+        for launch in the_plan.launches:
+            spent[launch.team] += launch.offering.hourly_price
+        with transaction(self.sessions) as s:
+            admission_store.write(s, admissions(evaluation.decision, spent), now=now)
         result.plan = the_plan
         result.policy_revision = evaluation.revision
         result.policy_error = evaluation.error
@@ -186,8 +195,7 @@ class Reconciler:
         crash_point("before_record")
         with transaction(self.sessions) as s:
             history = (
-                self._last_history is None
-                or (now - self._last_history).total_seconds() >= self.history_interval_s
+                self._last_history is None or (now - self._last_history).total_seconds() >= self.history_interval_s
             )
             result.decision_id = record_cycle(
                 s,
@@ -217,9 +225,7 @@ class Reconciler:
         except Exception as exc:  # the engine promises not to raise; fail safe if it does
             log.exception("policy engine raised")
             msg = f"{type(exc).__name__}: {exc}"
-            return EvaluationResult(
-                decision=Decision.failed(msg), revision="", input_digest="", eval_ms=0.0, error=msg
-            )
+            return EvaluationResult(decision=Decision.failed(msg), revision="", input_digest="", eval_ms=0.0, error=msg)
 
     # ------------------------------------------------------------------ observe providers
 
@@ -251,9 +257,7 @@ class Reconciler:
     ) -> list[tuple[str, str]]:
         """Passive transitions from listings and registrations. Returns (pool, provider id)
         pairs to terminate: orphans and instances we are still waiting to see gone."""
-        open_rows = list(
-            s.scalars(select(Instance).where(Instance.state.not_in(("terminated", "launch_failed"))))
-        )
+        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(("terminated", "launch_failed")))))
         grace = timedelta(seconds=self.config.reconcile.orphan_grace_s)
         to_terminate: list[tuple[str, str]] = []
         by_pool: dict[str, list[Instance]] = {}
@@ -294,9 +298,7 @@ class Reconciler:
                 if state not in (S.BOOTING, S.READY, S.DRAINING):
                     continue
                 if pi is not None and pi.status == InstanceStatus.PREEMPTED:
-                    transition(
-                        s, inst, S.PREEMPTED, reason="the provider reclaimed the spot capacity", now=now
-                    )
+                    transition(s, inst, S.PREEMPTED, reason="the provider reclaimed the spot capacity", now=now)
                     result.preempted.append(inst.id)
                 elif pi is None or pi.status == InstanceStatus.TERMINATED:
                     first = self._missing_since.setdefault(inst.id, now)
@@ -332,9 +334,7 @@ class Reconciler:
         self._interruptions(s, open_rows, now)
         return to_terminate
 
-    def _static_machines(
-        self, s: Session, pool_name: str, listed: list[ProviderInstance], result: CycleResult
-    ) -> None:
+    def _static_machines(self, s: Session, pool_name: str, listed: list[ProviderInstance], result: CycleResult) -> None:
         """Declared on-prem machines are not ours to adopt, lose or orphan (no instance rows,
         so the planner can never terminate one); only say which have no agent running."""
         live = set(
@@ -397,9 +397,7 @@ class Reconciler:
                     continue
                 deadline = max(((ev.deadline or now) - now).total_seconds(), 0.0)
                 try:
-                    drain_worker(
-                        s, inst.worker_id, now=now, deadline_s=deadline, reason="spot interruption notice"
-                    )
+                    drain_worker(s, inst.worker_id, now=now, deadline_s=deadline, reason="spot interruption notice")
                 except Conflict:
                     continue
                 transition(s, inst, S.DRAINING, reason=f"{ev.kind} notice from the provider", now=now)
@@ -453,9 +451,7 @@ class Reconciler:
             if not ok:
                 failed_offerings.add((launch.pool, launch.offering.key))
 
-    def _terminate(
-        self, inst_id: str, reason: str, mark: str | None, now: datetime, result: CycleResult
-    ) -> None:
+    def _terminate(self, inst_id: str, reason: str, mark: str | None, now: datetime, result: CycleResult) -> None:
         with transaction(self.sessions) as s:
             inst = s.get(Instance, inst_id)
             if inst is None or inst.state in ("terminated", "launch_failed", "terminating"):
@@ -579,9 +575,7 @@ class Reconciler:
         result.launched.append(inst_id)
         return True
 
-    def _record_launched(
-        self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str
-    ) -> None:
+    def _record_launched(self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str) -> None:
         inst.provider_instance_id = pi.instance_id
         inst.launched_at = inst.launched_at or pi.launched_at or now
         inst.zone = pi.zone or inst.zone

@@ -101,8 +101,19 @@ def observe(
 ) -> Snapshot:
     after_reclaim = case((Task.end_reason == "interrupted:spot", 1), else_=0)
     demand = tuple(
-        DemandGroup(queue, team, int(gpus or 0), gpu_type, int(priority or 0), int(n), oldest, bool(reclaimed))
-        for queue, team, gpus, gpu_type, priority, n, oldest, reclaimed in session.execute(
+        DemandGroup(
+            queue,
+            team,
+            int(gpus or 0),
+            gpu_type,
+            int(priority or 0),
+            int(n),
+            oldest,
+            bool(reclaimed),
+            float(cpus or 0.0),
+            int(memory_mb or 0),
+        )
+        for queue, team, gpus, gpu_type, priority, n, oldest, reclaimed, cpus, memory_mb in session.execute(
             select(
                 Task.queue,
                 Task.team,
@@ -112,9 +123,13 @@ def observe(
                 func.count(),
                 func.min(Task.sort_key),
                 after_reclaim,
+                Task.cpus,
+                Task.memory_mb,
             )
             .where(Task.state == "queued")
-            .group_by(Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim)
+            .group_by(
+                Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim, Task.cpus, Task.memory_mb
+            )
         )
     )
     running_gpus: Counter[str] = Counter()
@@ -127,9 +142,9 @@ def observe(
         running_gpus[team] += int(gpus or 0)
         running_by_queue[queue] += int(n)
     load = {
-        wid: (int(n), int(g or 0))
-        for wid, n, g in session.execute(
-            select(Task.worker_id, func.count(), func.sum(Task.gpus))
+        wid: (int(n), int(g or 0), float(c or 0.0), int(m or 0))
+        for wid, n, g, c, m in session.execute(
+            select(Task.worker_id, func.count(), func.sum(Task.gpus), func.sum(Task.cpus), func.sum(Task.memory_mb))
             .where(Task.state.in_(ACTIVE_TASK_STATES))
             .group_by(Task.worker_id)
         )
@@ -167,9 +182,11 @@ def observe(
             Worker.gpu_type,
             Worker.idle_since,
             Worker.instance_id,
+            Worker.cpus,
+            Worker.memory_mb,
         ).where(Worker.state.in_(LIVE_WORKER_STATES))
     ):
-        n, used = load.get(w.id, (0, 0))
+        n, used, used_cpus, used_mem = load.get(w.id, (0, 0, 0.0, 0))
         inst_id = by_worker.get(w.id) or by_provider_id.get((w.pool, w.instance_id))
         worker_state[w.id] = w.state
         workers.append(
@@ -183,6 +200,8 @@ def observe(
                 w.gpu_type,
                 w.idle_since,
                 inst_id,
+                max(w.cpus - used_cpus, 0.0) if w.cpus else None,
+                max(w.memory_mb - used_mem, 0) if w.memory_mb else None,
             )
         )
     instances = tuple(

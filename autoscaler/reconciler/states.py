@@ -90,9 +90,7 @@ def transition(session: Session, inst: Instance, to: InstanceState, *, reason: s
     if to not in TRANSITIONS[current]:
         raise Conflict(f"instance {inst.id} is {current.value}; it cannot become {to.value}")
     session.add(
-        InstanceEvent(
-            instance_id=inst.id, at=now, from_state=current.value, to_state=to.value, reason=reason[:255]
-        )
+        InstanceEvent(instance_id=inst.id, at=now, from_state=current.value, to_state=to.value, reason=reason[:255])
     )
     inst.state = to.value
     inst.updated_at = now

@@ -150,6 +150,9 @@ class Task(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     end_reason: Mapped[str | None] = mapped_column(String(32))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A lender took back the quota this task borrowed: the worker is told to stop it
+    # (interrupted:reclaim) and it is requeued. Cleared when the attempt ends.
+    reclaim_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # Lease order within equal priorities; a requeued interrupted task keeps its
     # original sort key so it goes back to the head of its queue.
     sort_key: Mapped[datetime]
@@ -311,3 +314,25 @@ class HistoryPoint(Base):
     metric: Mapped[str] = mapped_column(String(64))
     key: Mapped[str] = mapped_column(String(128), default="")
     value: Mapped[float] = mapped_column(Float)
+
+
+class TeamAdmissionRow(Base):
+    """One team's admission, written after each policy evaluation and read by the
+    lease (see `autoscaler.admission`). Team "" holds the default team's answer."""
+
+    __tablename__ = "team_admission"
+    team: Mapped[str] = mapped_column(String(64), primary_key=True)
+    may_scale_up: Mapped[bool] = mapped_column(Boolean, default=True)
+    drain: Mapped[bool] = mapped_column(Boolean, default=False)
+    fail_safe: Mapped[bool] = mapped_column(Boolean, default=False)
+    # USD/h of new spend left until the next evaluation; leases spend it. NULL: no limit.
+    headroom_usd_per_hour: Mapped[float | None] = mapped_column(Float)
+    nominal_gpus: Mapped[int | None] = mapped_column(Integer)
+    borrowing_limit_gpus: Mapped[int | None] = mapped_column(Integer)
+    lending_limit_gpus: Mapped[int | None] = mapped_column(Integer)
+    allowed_pools: Mapped[list[Any] | None] = mapped_column(JSON)
+    allowed_capacity_types: Mapped[list[Any]] = mapped_column(default=list)
+    priority_tier: Mapped[int] = mapped_column(Integer, default=0)
+    priority_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    reasons: Mapped[list[Any]] = mapped_column(default=list)
+    decided_at: Mapped[datetime]

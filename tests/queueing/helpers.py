@@ -7,7 +7,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.admission import store as admission_store
+from autoscaler.admission.model import admissions
 from autoscaler.auth.tokens import create_token
+from autoscaler.policy.schema import Decision
 from autoscaler.clock import ManualClock
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.workers import Registration, register
@@ -44,6 +47,12 @@ def add_task(
         kw.setdefault("gpus", 1 if queue != "cpu" else 0)
         spec = ops.TaskSpec(queue=queue, command=kw.pop("command", ["echo", "hi"]), **kw)
         return ops.enqueue(s, spec, team=team, now=clock.now()).id
+
+
+def decide(sessions: sessionmaker[Session], clock: ManualClock, decision: Decision, **spent: float) -> None:
+    """Materialise a policy decision for the lease gate, as a reconcile cycle does."""
+    with transaction(sessions) as s:
+        admission_store.write(s, admissions(decision, spent), now=clock.now())
 
 
 def lease(sessions: sessionmaker[Session], clock: ManualClock, worker_id: str, **kw: Any) -> Task | None:

@@ -6,12 +6,13 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.errors import Conflict
+from autoscaler.policy.schema import Decision, TeamDecision
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing import workers as wops
 from autoscaler.queueing.states import TRANSITIONS, TaskState
 from autoscaler.state.db import transaction
 from autoscaler.state.models import TaskEvent
-from tests.queueing.helpers import add_task, add_worker, get_task, get_worker, lease
+from tests.queueing.helpers import add_task, add_worker, decide, get_task, get_worker, lease
 
 
 @pytest.fixture
@@ -62,7 +63,12 @@ def test_fair_share_uses_weights(setup, clock) -> None:
     # Both hold one GPU. Unweighted, age decides (vision); with vision weighing 4,
     # its share is 1/4 against nlp's 1/1, so vision goes first; with nlp weighing 4,
     # nlp's younger task overtakes.
-    got = lease(s, clock, w, team_weights={"vision": 1.0, "nlp": 4.0})
+    decide(
+        s,
+        clock,
+        Decision(teams={"vision": TeamDecision(priority_weight=1.0), "nlp": TeamDecision(priority_weight=4.0)}),
+    )
+    got = lease(s, clock, w)
     assert got is not None and got.id == nlp_next
     assert lease(s, clock, w).id == vision_next  # type: ignore[union-attr]
 

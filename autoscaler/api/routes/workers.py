@@ -27,11 +27,6 @@ router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
 
 
-def _team_weights(ctx: Ctx) -> dict[str, float] | None:
-    weights = ctx.extras.get("team_weights")
-    return weights() if callable(weights) else None
-
-
 @router.post("/register", response_model=RegisterOut, status_code=201)
 def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
     with tx(ctx) as s:
@@ -71,7 +66,11 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
             preempted=body.preempted,
         )
     return HeartbeatOut(
-        drain=reply.drain, drain_deadline=reply.drain_deadline, cancel=reply.cancel, shutdown=reply.shutdown
+        drain=reply.drain,
+        drain_deadline=reply.drain_deadline,
+        cancel=reply.cancel,
+        reclaim=reply.reclaim,
+        shutdown=reply.shutdown,
     )
 
 
@@ -79,7 +78,7 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
 def lease(worker_id: str, auth: Auth, ctx: Ctx) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        task = task_ops.lease(s, worker_id, now=ctx.clock.now(), team_weights=_team_weights(ctx))
+        task = task_ops.lease(s, worker_id, now=ctx.clock.now())
         return LeaseOut(task=TaskOut.model_validate(task) if task else None)
 
 
