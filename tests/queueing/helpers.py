@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.model import admissions
 from autoscaler.auth.tokens import create_token
-from autoscaler.policy.schema import Decision
 from autoscaler.clock import ManualClock
+from autoscaler.policy.schema import Decision
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.workers import Registration, register
 from autoscaler.state.db import transaction
