@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from autoscaler.policy.problems import Problem
@@ -126,6 +126,14 @@ class PrioritiesData(_Data):
     tiers: dict[str, Tier] = Field(default_factory=dict, description="Tiers by name.")
     default: TeamPriority = Field(default_factory=TeamPriority, description="Any team not listed under `teams`.")
     teams: dict[str, TeamPriority] = Field(default_factory=dict, description="Per team, by name.")
+
+    @model_validator(mode="after")
+    def _tiers_defined(self) -> PrioritiesData:
+        # The same rule as _tier_problems (which says where), for code using the model.
+        for who, conf in [("default", self.default), *((f"teams.{t}", c) for t, c in self.teams.items())]:
+            if conf.tier is not None and conf.tier not in self.tiers:
+                raise ValueError(f"{who}.tier: tier {conf.tier!r} is not defined in `tiers`")
+        return self
 
 
 # ---------------------------------------------------------------- placement.yaml
