@@ -240,7 +240,9 @@ def _render(error: Any) -> list[tuple[tuple[Any, ...], str]]:
     if kind == "required" and isinstance(instance, dict):
         return [((*path, k), "missing (this key is required)") for k in value if k not in instance]
     if kind == "type":
-        return [(path, f"expected {_expected_types(value)}, got {_show(instance)}")]
+        # `teams:` with every entry commented out reads as null, which Rego cannot look into.
+        hint = " (write {} for none)" if instance is None and value == "object" else ""
+        return [(path, f"expected {_expected_types(value)}, got {_show(instance)}{hint}")]
     if kind == "enum":
         return [(path, f"{_show(instance)} is not one of {', '.join(str(v) for v in value)}")]
     if kind == "const":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -97,6 +98,12 @@ BAD: dict[str, tuple[str, str, str, str]] = {
         RESEARCH,
         "  research: 20000\n",
         "data/budgets.yaml:22: teams.research: expected a mapping, got 20000",
+    ),
+    "a section left empty": (
+        "placement",
+        "queues:\n  eu-batch:\n    regions: [eu-west-1, europe-west4, westeurope]\n",
+        "queues:\n",
+        "data/placement.yaml:20: queues: expected a mapping, got null (write {} for none)",
     ),
     "bad capacity value": (
         "priorities",
@@ -267,6 +274,7 @@ def test_reload_keeps_the_last_good_bundle_when_a_data_file_breaks(tmp_path):
         assert "data/budgets.yaml:24: teams.research.kind: 'hardd' is not one of hard, soft" in outcome.message
         status = service.status()
         assert status["revision"] == good and status["last_reload_error"] == outcome.message
+        assert REGISTRY.get_sample_value("autoscaler_policy_reload_ok") == 0
         # The old (hard) budget still decides: no scale-up at 500 %, and drained.
         result = service.evaluate(over)
         assert result.revision == good and result.error is None
