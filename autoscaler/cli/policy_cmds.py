@@ -28,7 +28,17 @@ PackageOpt = Annotated[str, typer.Option("--package", help="Rego package whose `
 
 
 def _engine(directory: Path, package: str, *, with_cases: bool) -> tuple[Any, EmbeddedEngine]:
-    bundle = load_bundle(directory, with_cases=with_cases)
+    try:
+        bundle = load_bundle(directory, with_cases=with_cases)
+    except PolicyError as exc:
+        if not exc.problems:
+            raise
+        # One line per problem (a data file against its schema can have many), then
+        # the count as the error that ends the command.
+        for p in exc.problems:
+            out.print(f"[red]{p}[/red]")
+        summary = exc.message.split(": ", 1)[0] if ": " in exc.message else exc.message
+        raise PolicyError(f"{len(exc.problems)} problem(s) in {directory}: {summary}") from None
     return bundle, EmbeddedEngine(bundle, package=package, isolate=False)
 
 

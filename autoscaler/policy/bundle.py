@@ -4,7 +4,9 @@ Layout (see docs/policies.md):
 
     policies/
       *.rego              the rules (OPA v1 syntax: `import rego.v1`, `if`, `contains`)
-      data/<name>.yaml    loaded as `data.<name>` (YAML or JSON)
+      data/<name>.yaml    loaded as `data.<name>` (YAML or JSON), checked against its
+                          schema (autoscaler/policy/data_schema.py) when it has one
+      data/<name>.schema.json  a user's JSON Schema for data/<name>.yaml
       tests/*.yaml        table-driven cases: an input and the expected part of the decision
 
 The revision is a content hash of the rules and the data (not the tests): the same
@@ -22,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from autoscaler.policy.data_schema import SCHEMA_SUFFIX, validate_data
 from autoscaler.policy.problems import PolicyError, Problem
 
 # The document the service asks for: `data.<package>.decision`.
@@ -55,8 +58,8 @@ class PolicyBundle:
     cases: list[TestCase] = field(default_factory=list)
 
 
-def _read_structured(path: Path, rel: str) -> Any:
-    text = path.read_text()
+def _read_structured(path: Path, rel: str, text: str | None = None) -> Any:
+    text = path.read_text() if text is None else text
     try:
         if path.suffix == ".json":
             return json.loads(text)
@@ -119,10 +122,21 @@ def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
     if not modules:
         raise PolicyError(f"policy directory {directory} holds no *.rego files")
     data: dict[str, Any] = {}
+    read: dict[str, tuple[str, str, Any]] = {}
     for path in _structured_files(directory / "data"):
+        if path.name.endswith(SCHEMA_SUFFIX):  # a user's schema for a data file, not data
+            continue
         rel = str(path.relative_to(directory))
-        doc = _read_structured(path, rel)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError("cannot read policy data", [Problem(rel, None, str(exc))]) from None
+        doc = _read_structured(path, rel, text)
         data[path.stem] = doc if doc is not None else {}
+        read[path.stem] = (rel, text, data[path.stem])
+    problems = validate_data(directory, read)
+    if problems:
+        raise PolicyError("policy data does not match its schema", problems)
     digest = hashlib.sha256()
     for rel, source in sorted(modules.items()):
         digest.update(rel.encode() + b"\0" + source.encode() + b"\0")

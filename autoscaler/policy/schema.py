@@ -208,8 +208,12 @@ class PolicyEngine(Protocol):
 
 
 def export_schemas() -> dict[str, dict[str, object]]:
-    """JSON Schemas of the input and the decision, as written to docs/schemas/."""
+    """JSON Schemas of the input, the decision and the shipped data files, as written
+    to docs/schemas/ (the data files' models are in autoscaler/policy/data_schema.py)."""
+    from autoscaler.policy.data_schema import export_data_schemas
+
     return {
         f"policy-input.v{SCHEMA_VERSION}.json": PolicyInput.model_json_schema(),
         f"policy-decision.v{SCHEMA_VERSION}.json": Decision.model_json_schema(),
+        **export_data_schemas(SCHEMA_VERSION),
     }
