@@ -1,0 +1,154 @@
+"""A hypothesis property over random teams, admissions, machines and queues, driving
+the real `lease()` until every worker is told "nothing": no quota is exceeded, no
+frozen or drained team gets capacity it does not pay for, no team spends more than
+its headroom, no task lands where it does not fit, and when the workers stop, no
+queued task remained that fitted a worker and was admissible there (no head-of-line
+blocking, however the queue is ordered)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from autoscaler.admission import store as admission_store
+from autoscaler.admission.fit import Need, Room, fits
+from autoscaler.admission.gate import added_spend, refusal
+from autoscaler.admission.model import admissions
+from autoscaler.admission.quota import room as quota_room
+from autoscaler.clock import ManualClock
+from autoscaler.config import parse_config
+from autoscaler.policy.schema import Decision, TeamDecision
+from autoscaler.queueing import tasks as ops
+from autoscaler.state.db import make_engine, session_factory, transaction
+from autoscaler.state.models import Task, Worker
+from tests.admission.test_lease_gate import machine
+from tests.conftest import TEST_CONFIG, make_context
+from tests.queueing.helpers import add_task
+
+TEAMS = ["a", "b", "c"]
+_n = itertools.count()
+
+team_decisions = st.fixed_dictionaries(
+    {
+        "may_scale_up": st.booleans(),
+        "drain": st.booleans(),
+        "headroom": st.none() | st.floats(0, 6),
+        "nominal": st.none() | st.integers(0, 6),
+        "borrow": st.none() | st.integers(0, 4),
+        "spot_ok": st.booleans(),
+    }
+)
+machines = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", None]),
+        st.sampled_from([1, 2, 4]),
+        st.sampled_from([0.0, 1.0, 3.0]),
+        st.sampled_from([0, 2, 8]),
+        st.sampled_from(["spot", "on_demand"]),
+    ),
+    min_size=1,
+    max_size=5,
+)
+tasks = st.lists(
+    st.tuples(
+        st.sampled_from(TEAMS),
+        st.sampled_from([0, 1, 2, 4]),
+        st.sampled_from([0, 1, 4]),
+        st.sampled_from([None, "A10G", "H100"]),
+        st.integers(0, 2),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(decisions=st.fixed_dictionaries({t: team_decisions for t in TEAMS}), fleet=machines, queue=tasks)
+def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decisions, fleet, queue) -> None:
+    path = tmp_path / f"p{next(_n)}.db"
+    shutil.copy(_sqlite_template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        sessions = session_factory(engine)
+        clock = ManualClock(datetime(2026, 3, 10, 12, 0, tzinfo=UTC))
+        make_context(parse_config(TEST_CONFIG, Path("test.yaml")), sessions, clock)
+        workers = [
+            machine(sessions, clock, team=team, gpus=g, price=price, cpus=cpus, capacity_type=ct)
+            for team, g, price, cpus, ct in fleet
+        ]
+        for team, gpus, cpus, gtype, prio in queue:
+            add_task(sessions, clock, team=team, gpus=gpus, cpus=cpus, gpu_type=gtype, priority=prio)
+            clock.advance(1)
+        decision = Decision(
+            teams={
+                t: TeamDecision(
+                    may_scale_up=d["may_scale_up"],
+                    drain=d["drain"],
+                    spend_headroom_per_hour=d["headroom"],
+                    nominal_gpus=d["nominal"],
+                    borrowing_limit_gpus=d["borrow"],
+                    allowed_capacity_types=["spot", "on_demand"] if d["spot_ok"] else ["on_demand"],
+                )
+                for t, d in decisions.items()
+            }
+        )
+        table = admissions(decision, {})
+        with transaction(sessions) as s:
+            admission_store.write(s, table, now=clock.now())
+        spent = dict.fromkeys(TEAMS, 0.0)
+        held = dict.fromkeys(TEAMS, 0)
+        quotas = {t: a.quota for t, a in table.items() if a.quota is not None and t}
+        with sessions() as s:
+            by_worker = {w: ops.machine_of(s, s.get(Worker, w)) for w in workers}  # type: ignore[arg-type]
+        # Lease round-robin until every worker gets nothing.
+        progress = True
+        while progress:
+            progress = False
+            for w in workers:
+                with transaction(sessions) as s:
+                    task = ops.lease(s, w, now=clock.now())
+                    if task is None:
+                        continue
+                    progress = True
+                    adm = table[task.team]
+                    m = by_worker[w]
+                    # The gate's own verdict, computed before this lease took effect.
+                    assert refusal(adm, m, task.gpus, quota_room(task.team, quotas, held)) is None
+                    spent[task.team] += added_spend(adm, m, task.gpus)
+                    held[task.team] += task.gpus
+        for t, adm in table.items():
+            if not t:
+                continue
+            if adm.headroom_usd_per_hour is not None:
+                assert spent[t] <= adm.headroom_usd_per_hour + 1e-6
+            if adm.quota is not None and adm.quota.borrowing_limit_gpus is not None:
+                assert held[t] <= adm.quota.nominal_gpus + adm.quota.borrowing_limit_gpus
+        with sessions() as s:
+            queued = s.scalars(select(Task).where(Task.state == "queued")).all()
+            for w in workers:
+                worker = s.get(Worker, w)
+                assert worker is not None
+                active = s.scalars(select(Task).where(Task.worker_id == w, Task.state == "leased")).all()
+                assert sum(t.gpus for t in active) <= worker.gpu_count
+                if worker.cpus:
+                    assert sum(t.cpus for t in active) <= worker.cpus
+                room = Room(
+                    worker.gpu_count - sum(t.gpus for t in active),
+                    worker.gpu_type,
+                    worker.cpus - sum(t.cpus for t in active) if worker.cpus else None,
+                    None,
+                )
+                for t in queued:
+                    fitting = fits(Need(t.gpus, t.gpu_type, t.cpus, t.memory_mb), room)
+                    admissible = refusal(table[t.team], by_worker[w], t.gpus, quota_room(t.team, quotas, held)) is None
+                    assert not (fitting and admissible), f"worker {w} idle while task {t.id} fits and is admissible"
+    finally:
+        engine.dispose()
