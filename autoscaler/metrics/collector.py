@@ -88,9 +88,16 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
         workers.add_metric([pool, state], n)
     yield workers
     last = session.execute(
-        select(DecisionRecord.at, DecisionRecord.cycle_ms).order_by(DecisionRecord.id.desc()).limit(1)
+        select(DecisionRecord.at, DecisionRecord.cycle_ms, DecisionRecord.error)
+        .order_by(DecisionRecord.id.desc())
+        .limit(1)
     ).first()
     if last is not None:
+        yield GaugeMetricFamily(
+            "autoscaler_policy_fail_safe",
+            "1 while the last cycle's policy could not be evaluated (holding: nothing launched).",
+            value=1.0 if last[2] else 0.0,
+        )
         yield GaugeMetricFamily(
             "autoscaler_last_decision_timestamp_seconds",
             "When the last reconcile cycle was recorded.",
