@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from autoscaler.errors import AutoscalerError
 
@@ -49,7 +50,8 @@ def main() -> None:
     try:
         app()
     except AutoscalerError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+        # The message may quote what the user typed: printed literally, never as markup.
+        err.print(Text.assemble(("error:", "red"), " ", exc.message), highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
