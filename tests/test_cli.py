@@ -272,3 +272,16 @@ def test_tables_off_a_terminal_keep_full_ids_and_timestamps(finished_tasks: dict
     assert worker["id"] in narrow.stdout and LONG_INSTANCE in narrow.stdout
     assert "left out to fit 160 columns" in narrow.stdout and "--json has all" in narrow.stdout
     assert max(len(ln) for ln in narrow.stdout.splitlines()) <= 160
+
+
+def test_port_in_use_says_which_and_how_to_choose_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli("server", "--home", str(tmp_path / "h"), "--port", str(port))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "Errno" not in r.stderr + r.stdout
+    assert f"port {port} on 127.0.0.1 is already in use" in r.stderr and "--port N" in r.stderr
+    assert "control plane at" not in r.stdout  # no URL announced for a server that cannot start
