@@ -285,3 +285,9 @@ def test_port_in_use_says_which_and_how_to_choose_another(tmp_path: Path) -> Non
     assert r.returncode == 1 and "Traceback" not in r.stderr and "Errno" not in r.stderr + r.stdout
     assert f"port {port} on 127.0.0.1 is already in use" in r.stderr and "--port N" in r.stderr
     assert "control plane at" not in r.stdout  # no URL announced for a server that cannot start
+
+
+def test_help_does_not_label_flags_bool() -> None:
+    r = cli("queues", "--help", env={"COLUMNS": "120"})
+    assert r.returncode == 0 and "--json" in r.stdout and "<bool>" not in r.stdout
+    assert "<str>" in r.stdout  # options that take a value still say what kind
