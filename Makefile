@@ -1,11 +1,17 @@
 # Two commands do everything on a fresh Debian 12 machine with Python 3.11 (as root):
-#   make run    install, then run the whole control plane on embedded defaults
+#   make run    install what the loop needs, then run the whole control plane on embedded defaults
 #   make test   install (system packages included), then run the whole suite
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
-EXTRAS := aws,gcp,azure,gpu,opa,dev
+# Two installs, one stamp each: `make run` needs only what the embedded loop imports
+# (NVML bindings, no cloud SDKs, no test tooling); `make test` adds every extra. A venv made by
+# `make run` is upgraded by `make test`; the full install also satisfies `make run`.
+STAMP     := $(VENV)/.installed-all
+RUN_STAMP := $(VENV)/.installed-run
+EXTRAS    := aws,gcp,azure,gpu,opa,dev
+RUN_EXTRAS := gpu
+PIP       := $(BIN)/pip --quiet --disable-pip-version-check
 
 .PHONY: run test lint typecheck reliability bench install system-deps clean
 
@@ -13,10 +19,14 @@ $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 (apt-get install python3.11 python3.11-venv)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) install -e ".[$(RUN_EXTRAS)]"
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+	$(PIP) install --upgrade pip
+	$(PIP) install -e ".[$(EXTRAS)]"
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
 
@@ -25,7 +35,8 @@ install: $(STAMP)
 system-deps:
 	@for script in scripts/ensure-*.sh; do bash "$$script" || exit 1; done
 
-run: $(STAMP)
+# Ctrl-C stops it: the local agents it started drain and stop first (it says so).
+run: $(RUN_STAMP)
 	$(BIN)/autoscaler up
 
 # PYTEST_ARGS passes extra options, e.g. PYTEST_ARGS="-n 2 --dist loadgroup" or "-k agent".

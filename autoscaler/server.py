@@ -8,14 +8,19 @@ background jobs, then serves it with uvicorn.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select
 
@@ -56,6 +61,23 @@ def check_listen_address(config: AutoscalerConfig) -> None:
         )
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Say which port is taken and how to choose another, before anything is announced
+    (uvicorn would print the URL and then `[Errno 98]`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"port {port} on {host} is already in use (another `autoscaler up` or server?): stop that "
+                    f"process, or choose another port with --port N or server.port in autoscaler.yaml"
+                ) from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def database_url(config: AutoscalerConfig, home: Path) -> str:
     return config.database_url or sqlite_url(home)
 
@@ -89,6 +111,10 @@ class Runtime:
     scheduler: BackgroundScheduler
     full_loop: bool
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    # Run when a stop is asked (Ctrl-C, SIGTERM) while the API still answers, so the
+    # local agents can report their tasks and deregister; `hurry` is set by a second
+    # Ctrl-C. Each must return within a bounded time and be safe to call twice.
+    on_shutdown: list[Callable[[threading.Event, Callable[[str], None]], None]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,13 +189,12 @@ def serve(
     """Serve the API; with `workers` > 1 (PostgreSQL only), that many uvicorn processes
     share the port while this process keeps housekeeping (and must not run the
     reconciler: `autoscaler up` stays single-process)."""
-    import uvicorn
-
     config = runtime.config
     check_listen_address(config)
     check_workers(config, runtime.home, workers)
     if workers > 1 and runtime.full_loop:
         raise ConfigError("--workers is for `autoscaler server`; `autoscaler up` runs one process")
+    check_port_free(config.server.host, config.server.port)
     url = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     announce(f"autoscaler control plane at {url}")
     announce(f"admin token: {runtime.info['admin_token_file']}")
@@ -186,12 +211,61 @@ def serve(
             uvicorn.run("autoscaler.server:app_from_env", factory=True, workers=workers,
                         host=config.server.host, port=config.server.port, log_level="warning")
         else:
-            uvicorn.run(create_app(runtime.ctx), host=config.server.host, port=config.server.port,
-                        log_level="warning")
+            server = GracefulServer(
+                uvicorn.Config(
+                    create_app(runtime.ctx), host=config.server.host, port=config.server.port, log_level="warning"
+                ),
+                runtime,
+                announce,
+            )
+            server.run()
+            if not server.started and not server.should_exit:
+                raise ConfigError(f"the server did not start on {config.server.host}:{config.server.port}")
     finally:
         runtime.scheduler.shutdown(wait=False)
+        hurry = threading.Event()
+        hurry.set()  # a stop that did not come through a signal (an error): no drain time
+        for hook in runtime.on_shutdown:
+            hook(hurry, announce)
         for stop in runtime.on_stop:
             stop()
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, stopped in two steps when `runtime.on_shutdown` has hooks.
+
+    First Ctrl-C (or SIGTERM): the hooks run in a thread while the API still answers
+    (the local agents drain, report and deregister), then the server stops. A second
+    one sets `hurry` (the hooks stop waiting). A third is uvicorn's own force exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime, announce: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self.announce = announce
+        self.hurry = threading.Event()
+        self.draining: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.runtime.on_shutdown:
+            super().handle_exit(sig, frame)
+        elif self.draining is None:
+            self.draining = threading.Thread(target=self._drain, name="shutdown", daemon=True)
+            self.draining.start()
+        elif not self.hurry.is_set():
+            self.hurry.set()
+        else:
+            super().handle_exit(sig, frame)
+
+    def _drain(self) -> None:
+        try:
+            self.runtime.scheduler.pause()  # no reconcile cycle launches while agents stop
+            for hook in self.runtime.on_shutdown:
+                hook(self.hurry, self.announce)
+        except Exception:
+            log.exception("stopping the local agents failed")
+        finally:
+            self.should_exit = True
 
 
 # The full loop of `autoscaler up`, in order: the policy service, then the reconciler

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +126,168 @@ def test_unreachable_server_and_bad_config(tmp_path: Path) -> None:
 def test_refuses_public_address_without_tls(tmp_path: Path) -> None:
     r = cli("server", "--home", str(tmp_path / "h"), "--host", "0.0.0.0", "--port", str(free_port()))
     assert r.returncode == 1 and "without TLS" in r.stderr
+
+
+# -- what users typed is shown literally; nothing is cut off a terminal --------------
+
+MARKUP_ARGS = ["echo", "[red]hello[/red]", "[/]", "[bold]x"]
+COMPREHENSION = "print([x * 2 for x in range(3)])"
+LONG_INSTANCE = "i-" + "0123456789abcdef" * 6  # wider than 80 columns on its own
+
+
+@pytest.fixture(scope="module")
+def finished_tasks(server: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Tasks with brackets, a comprehension, a missing program, a missing working dir,
+    a timeout and a non-zero exit, each run to its end by a real agent (cpu-pool)."""
+    from tests.conftest import FAST_AGENT
+
+    tmp = tmp_path_factory.mktemp("cli-agent")
+    admin = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    join = cli("token", "create", "--join", "--pool", "cpu-pool", env=admin).stdout.strip()
+    agent_log = tmp / "agent.log"
+    with agent_log.open("wb") as fh:
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autoscaler",
+                "agent",
+                "--server",
+                server["AUTOSCALER_SERVER"],
+                "--pool",
+                "cpu-pool",
+                "--provider",
+                "static",
+                "--instance-id",
+                LONG_INSTANCE,
+                "--work-dir",
+                str(tmp / "work"),
+                "--max-tasks",
+                "6",
+                *FAST_AGENT,
+            ],
+            env={**os.environ, "AUTOSCALER_JOIN_TOKEN": join},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+
+    def enqueue(*args: str) -> str:
+        r = cli("enqueue", "-q", "cpu", "--team", "nlp", *args, env=admin)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    ids = {
+        "markup": enqueue("--env", "GREETING=[red]hi[/red] [/]", "--", *MARKUP_ARGS),
+        "comprehension": enqueue("--", sys.executable, "-c", COMPREHENSION),
+        "missing": enqueue("--", "nosuchprogram-xyz"),
+        "workdir": enqueue("--workdir", str(tmp / "nowhere"), "--", "true"),
+        "timeout": enqueue("--timeout", "0.5", "--max-attempts", "1", "--", "sleep", "30"),
+        "exit3": enqueue("--max-attempts", "1", "--", "sh", "-c", "exit 3"),
+    }
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            states = [json.loads(cli("task", "show", t, "--json", env=admin).stdout)["state"] for t in ids.values()]
+            if all(s in ("succeeded", "failed") for s in states):
+                break
+            assert time.monotonic() < deadline, f"tasks did not finish: {states}\n{agent_log.read_text()}"
+            time.sleep(0.5)
+        yield {**ids, **{f"env:{k}": v for k, v in admin.items()}}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+
+
+def _admin(finished: dict[str, str]) -> dict[str, str]:
+    return {k[4:]: v for k, v in finished.items() if k.startswith("env:")}
+
+
+def test_markup_in_commands_and_env_is_printed_literally(finished_tasks: dict[str, str]) -> None:
+    env = _admin(finished_tasks)
+    shown = cli("task", "show", finished_tasks["markup"], env=env)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    # The command as a shell line that can be pasted back.
+    assert "command: echo '[red]hello[/red]' '[/]' '[bold]x'" in shown.stdout
+    assert "env: 'GREETING=[red]hi[/red] [/]'" in shown.stdout
+    assert "end: exit 0" in shown.stdout
+    listed = cli("tasks", env=env)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert "echo '[red]hello[/red]' '[/]' '[bold]x'" in listed.stdout
+    assert COMPREHENSION in listed.stdout  # a list comprehension does not vanish
+    assert "[x * 2 for x in range(3)]" in cli("task", "show", finished_tasks["comprehension"], env=env).stdout
+    logs = cli("logs", finished_tasks["markup"], env=env)
+    assert logs.stdout == "[red]hello[/red] [/] [bold]x\n"
+    # A team token sees the same list without a crash.
+    team = cli("token", "create", "--team", "nlp", env=env).stdout.strip()
+    assert "[red]hello[/red]" in cli("tasks", env={**env, "AUTOSCALER_TOKEN": team}).stdout
+
+
+def test_markup_in_names_and_error_messages_is_printed_literally(
+    server: dict[str, str], finished_tasks: dict[str, str]
+) -> None:
+    env = _admin(finished_tasks)
+    for args in (["queues"], ["workers"], ["instances"], ["tasks", "--state", "failed"]):
+        r = cli(*args, env=env)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
+    r = cli("enqueue", "-q", "[red]nosuch[/]", "--", "true", env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    # The server's message quotes a pattern with brackets: printed as sent, not eaten as markup.
+    assert "'^[a-z0-9][a-z0-9_.-]{0,62}$'" in r.stderr
+    r = cli("enqueue", "-q", "cpu", "--env", "[/]", "--", "true", env=env)
+    assert r.returncode == 1 and "--env '[/]' must look like KEY=VALUE" in r.stderr
+
+
+def test_task_show_says_why_each_attempt_ended(finished_tasks: dict[str, str]) -> None:
+    env = _admin(finished_tasks)
+
+    def show(key: str) -> str:
+        r = cli("task", "show", finished_tasks[key], env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "detail" in show("missing") and "cannot start 'nosuchprogram-xyz'" in show("missing")
+    assert "does not exist" in show("workdir")
+    assert "timeout after 0.5s" in show("timeout")
+    exit3 = show("exit3")
+    assert "end: exit 3" in exit3 and "exit_code" not in exit3
+    assert "exit 3" in cli("tasks", "--state", "failed", env=env).stdout
+
+
+def test_tables_off_a_terminal_keep_full_ids_and_timestamps(finished_tasks: dict[str, str]) -> None:
+    env = _admin(finished_tasks)
+    r = cli("workers", env=env)  # stdout is a pipe here, as in `autoscaler workers | grep`
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if LONG_INSTANCE in ln]  # one line, not cut
+    worker = next(w for w in json.loads(cli("workers", "--json", env=env).stdout) if w["instance_id"] == LONG_INSTANCE)
+    assert worker["id"] in line
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+", line), line  # the whole timestamp
+    assert "…" not in r.stdout
+    for key in ("markup", "timeout"):
+        shown = cli("task", "show", finished_tasks[key], env=env).stdout
+        assert finished_tasks[key] in shown and "…" not in shown
+    # A terminal too narrow for all columns (COLUMNS): ids stay whole, other cells wrap,
+    # and what cannot fit is left out with a note, never cut with an ellipsis.
+    narrow = cli("workers", env={**env, "COLUMNS": "160"})
+    assert narrow.returncode == 0 and "…" not in narrow.stdout
+    assert worker["id"] in narrow.stdout and LONG_INSTANCE in narrow.stdout
+    assert "left out to fit 160 columns" in narrow.stdout and "--json has all" in narrow.stdout
+    assert max(len(ln) for ln in narrow.stdout.splitlines()) <= 160
+
+
+def test_port_in_use_says_which_and_how_to_choose_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli("server", "--home", str(tmp_path / "h"), "--port", str(port))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "Errno" not in r.stderr + r.stdout
+    assert f"port {port} on 127.0.0.1 is already in use" in r.stderr and "--port N" in r.stderr
+    assert "control plane at" not in r.stdout  # no URL announced for a server that cannot start
+
+
+def test_help_does_not_label_flags_bool() -> None:
+    r = cli("queues", "--help", env={"COLUMNS": "120"})
+    assert r.returncode == 0 and "--json" in r.stdout and "<bool>" not in r.stdout
+    assert "<str>" in r.stdout  # options that take a value still say what kind

@@ -45,6 +45,7 @@ TICK_S = 0.05
 # 5 s by default), so new work waits at most ~5 s for an idle agent.
 IDLE_LEASE_BACKOFF_MAX = 2.5
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
+MIN_FLUSH_S = 2.0  # after a SIGTERM, the least time left to deliver reports and deregister
 
 
 class Mode(StrEnum):
@@ -93,6 +94,7 @@ class Agent:
         self.next_flush = 0.0
         self.heartbeat_s = 10.0
         self.stopped_at: float | None = None  # when a drain/preemption had nothing left to run
+        self.exit_by: float | None = None  # after a SIGTERM: gone by then, server or not
 
     # -- lifecycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -159,7 +161,14 @@ class Agent:
                     ) from None
                 delay = backoff_s(failures, base_s=0.5, cap_s=self.t.backoff_max_s, jitter=random.random())
                 log.warning("server not reachable yet (%s); retrying in %.1fs", exc, delay)
-                self.sleep(delay)
+                self._sleep_unless_signaled(delay)
+
+    def _sleep_unless_signaled(self, delay: float) -> None:
+        """Sleep in short steps so a SIGTERM ends a back-off at once, not after it."""
+        step = max(TICK_S, 0.2)
+        while delay > 0 and not self.signals:
+            self.sleep(min(step, delay))
+            delay -= step
 
     # -- one pass of the loop ------------------------------------------------------
     def _tick(self, now: float) -> int | None:
@@ -180,9 +189,13 @@ class Agent:
             return
         first = self.signals_seen == 0
         self.signals_seen = self.signals
+        if first:
+            self.exit_by = now + self.t.drain_deadline_s + self.t.kill_grace_s
         if first and self.mode == Mode.RUNNING:
             log.info("SIGTERM: draining, running tasks may go on for %.0fs", self.t.drain_deadline_s)
             self._begin_drain(now, now + self.t.drain_deadline_s)
+            if self.signals_seen >= 2:  # two signals before the loop saw the first
+                self.drain_deadline = now
         elif first and self.mode == Mode.DRAINING and self.drain_deadline is not None:
             # Already draining for the server: the stop of the service must not wait longer.
             self.drain_deadline = min(self.drain_deadline, now + self.t.drain_deadline_s)
@@ -366,15 +379,33 @@ class Agent:
         self.retry_at = now + delay
 
     # -- leaving ---------------------------------------------------------------------
+    def _flush_deadline(self) -> float:
+        """Until when a stopped agent keeps trying to deliver reports and deregister.
+
+        Without a signal: `exit_flush_timeout_s` after the last task ended. After a
+        SIGTERM the agent must be gone by the drain deadline plus the kill grace (what
+        a service manager's stop timeout is sized for), however many calls are failing
+        or backing off; it still gets MIN_FLUSH_S to say goodbye. After a second
+        signal it leaves at once.
+        """
+        assert self.stopped_at is not None
+        normal = self.stopped_at + self.t.exit_flush_timeout_s
+        if self.signals_seen >= 2:
+            return self.stopped_at
+        if self.exit_by is not None:
+            return min(normal, max(self.exit_by, self.stopped_at + MIN_FLUSH_S))
+        return normal
+
     def _exit_code(self, now: float) -> int | None:
         if self.mode == Mode.RUNNING or self.tasks:
             return None
         if self.stopped_at is None:
             self.stopped_at = now
-        if len(self.outbox) and now - self.stopped_at < self.t.exit_flush_timeout_s:
+        in_window = now < self._flush_deadline()
+        if len(self.outbox) and in_window:
             return None  # reports still waiting for the server
-        if now < self.retry_at:
-            return None
+        if now < self.retry_at and in_window:
+            return None  # backing off from a failed call; once the window is over, leave anyway
         if len(self.outbox):
             log.error(
                 "giving up on %d undelivered report(s); the server will notice the missing heartbeats",
@@ -384,7 +415,7 @@ class Agent:
             self.api.deregister()
             log.info("deregistered")
         except (ServerUnreachable, ServerRefused) as exc:
-            if self.mode != Mode.GONE and now - self.stopped_at < self.t.exit_flush_timeout_s:
+            if self.mode != Mode.GONE and self.clock() < self._flush_deadline():
                 self.retry_at = now + 1.0
                 return None
             log.warning("could not deregister (%s)", exc)

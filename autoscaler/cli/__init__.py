@@ -7,9 +7,11 @@ unreachable) print one line and exit 1, never a traceback.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from autoscaler.errors import AutoscalerError
 
@@ -21,6 +23,24 @@ app = typer.Typer(
     add_completion=False,
 )
 err = Console(stderr=True)
+
+
+def _hide_flag_types() -> None:
+    """typer 0.29 labels every on/off flag `<bool>` in help (even `--help`): a flag
+    takes no value, so its row shows none."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
 
 
 def _register(only: str | None = None) -> None:
@@ -49,7 +69,8 @@ def main() -> None:
     try:
         app()
     except AutoscalerError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+        # The message may quote what the user typed: printed literally, never as markup.
+        err.print(Text.assemble(("error:", "red"), " ", exc.message), highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

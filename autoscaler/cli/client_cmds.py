@@ -4,12 +4,23 @@ workers, instances, tokens."""
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from autoscaler.cli import app
-from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, client, out, print_json, print_table
+from autoscaler.cli.common import (
+    HomeOpt,
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    client,
+    out,
+    print_json,
+    print_table,
+    shell_command,
+)
 from autoscaler.errors import InvalidInput
 
 task_app = typer.Typer(help="Inspect one task.", no_args_is_help=True)
@@ -86,8 +97,24 @@ def tasks(
         print_json(rows)
     else:
         for r in rows:
-            r["command"] = " ".join(r["command"])[:60]
+            r["command"] = _clip(shell_command(r["command"]), COMMAND_WIDTH)
+            r["end_reason"] = end_text(r)
         print_table(rows, ["id", "queue", "team", "state", "gpus", "attempts", "end_reason", "command"])
+
+
+COMMAND_WIDTH = 80  # in the task list; `task show` prints the whole command
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def end_text(task: dict[str, Any]) -> str | None:
+    """How the task ended, in the words of the history: `exit 0`, `exit 3`, `timeout`..."""
+    reason: str | None = task.get("end_reason")
+    if reason == "exit_code" and task.get("exit_code") is not None:
+        return f"exit {task['exit_code']}"
+    return reason
 
 
 @task_app.command("show")
@@ -103,13 +130,22 @@ def task_show(
     if json_out:
         print_json(task)
         return
-    out.print(f"[bold]{task['id']}[/bold]  {task['state']}  queue={task['queue']} team={task['team']}")
-    out.print(f"command: {' '.join(task['command'])}")
+    out.print(Text.assemble((task["id"], "bold"), f"  {task['state']}  queue={task['queue']} team={task['team']}"))
+    out.print(f"command: {shell_command(task['command'])}")
+    if task.get("env"):
+        out.print("env: " + " ".join(shell_command([f"{k}={v}"]) for k, v in sorted(task["env"].items())))
+    if task.get("working_dir"):
+        out.print(f"working dir: {task['working_dir']}")
     out.print(
         f"gpus: {task['gpus']}  attempts: {task['attempts']} (max {task['max_attempts']} failures; "
-        f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  end: {task['end_reason']}"
+        f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  "
+        f"end: {end_text(task)}"
     )
-    print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
+    print_table(
+        task["events"],
+        ["at", "from_state", "to_state", "reason", "attempt", "worker_id", "detail"],
+        title="history",
+    )
 
 
 @app.command()
@@ -172,7 +208,10 @@ def workers(
     if json_out:
         print_json(rows)
     else:
-        print_table(rows, ["id", "hostname", "pool", "provider", "state", "gpu_count", "gpu_type", "last_heartbeat"])
+        print_table(
+            rows,
+            ["id", "instance_id", "hostname", "pool", "provider", "state", "gpu_count", "gpu_type", "last_heartbeat"],
+        )
 
 
 @app.command()

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.text import Text
 
 from autoscaler.cli import app
 from autoscaler.cli.common import out, print_json
@@ -48,7 +49,7 @@ def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
     bundle, engine = _engine(directory, package, with_cases=False)
     problems = check(bundle, engine)
     for p in problems:
-        out.print(f"[red]{p}[/red]")
+        out.print(str(p), style="red")
     if problems:
         raise PolicyError(f"{len(problems)} problem(s) in {directory}")
     out.print(f"ok: {len(bundle.modules)} module(s), revision {bundle.revision}")
@@ -60,16 +61,16 @@ def test_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
     bundle, engine = _engine(directory, package, with_cases=True)
     report = check_and_test(bundle, engine)
     for p in report.problems:
-        out.print(f"[red]{p}[/red]")
+        out.print(str(p), style="red")
     if report.problems:
         raise PolicyError(f"{len(report.problems)} problem(s) in {directory}; no test case was run")
     if not report.results:
         raise PolicyError(f"no test cases in {directory}/tests/*.yaml: add some (see docs/policies.md)")
     for r in report.results:
         if r.passed:
-            out.print(f"[green]PASS[/green] {r.case.file}: {r.case.name}")
+            out.print(Text.assemble(("PASS", "green"), f" {r.case.file}: {r.case.name}"))
         else:
-            out.print(f"[red]FAIL[/red] {r.case.file}: {r.case.name}")
+            out.print(Text.assemble(("FAIL", "red"), f" {r.case.file}: {r.case.name}"))
             for f in r.failures:
                 out.print(f"       {f}")
     failed = sum(not r.passed for r in report.results)

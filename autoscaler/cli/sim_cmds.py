@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoscaler.cli import app
@@ -52,7 +53,7 @@ def simulate(
         TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(), transient=True,
     ) as bar:
-        job = bar.add_task(wl.name, total=1.0)
+        job = bar.add_task(escape(wl.name), total=1.0)  # a file name is not markup
 
         def advance(done_s: float, expected_s: float) -> None:
             bar.update(job, completed=min(done_s / expected_s, 1.0) if expected_s else 1.0)

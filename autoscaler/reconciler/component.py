@@ -7,6 +7,7 @@ Runs after the policy component (it evaluates through `ctx.extras["policy"]`).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from autoscaler.reconciler.cycle import Reconciler, UserData
 from autoscaler.reconciler.leader import LeaderLock
 from autoscaler.reconciler.loop import JOB_ID, ReconcileLoop
 from providers.base import Provider
+from providers.local import LocalProvider, stop_agents
 
 if TYPE_CHECKING:
     from autoscaler.server import Runtime
@@ -106,6 +108,13 @@ def reconciler_component(runtime: Runtime) -> None:
     ctx.wake = loop.wake
     ctx.extras[EXTRAS_KEY] = loop
     runtime.on_stop.append(lock.release)
+    local = [p for p in providers.values() if isinstance(p, LocalProvider)]
+    if local:
+        # Ctrl-C on `up`: the agents it started stop too, while the API still answers.
+        def stop_local_agents(hurry: threading.Event, say: Callable[[str], None]) -> None:
+            stop_agents(local, hurry, say=say)
+
+        runtime.on_shutdown.append(stop_local_agents)
     runtime.info["reconciler"] = (
         f"every {config.reconcile.interval_s:g} s, woken after {config.reconcile.debounce_s:g} s"
     )

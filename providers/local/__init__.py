@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -174,6 +175,26 @@ class LocalProvider:
                 LocalRecord(**{**rec.__dict__, "terminated_at": _now_iso()}).save(path)
         self._reap()
 
+    # ---- when the control plane stops ------------------------------------------------
+
+    def live_agents(self) -> builtins.list[LocalRecord]:
+        """This pool's agent processes that are still running (any owner)."""
+        self._reap()
+        return [r for r in self._records() if r.terminated_at is None and r.pid is not None and self._is_ours(r)]
+
+    def mark_stopped(self, rec: LocalRecord) -> None:
+        """SIGKILL what is left of the instance's process group and record it terminated."""
+        if rec.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rec.pgid, signal.SIGKILL)
+        child = self._children.pop(rec.instance_id, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
+        path = self.root / rec.instance_id / "instance.json"
+        with contextlib.suppress(OSError):
+            LocalRecord(**{**LocalRecord.load(path).__dict__, "terminated_at": _now_iso()}).save(path)
+
     # ---- helpers -------------------------------------------------------------------
 
     def instance_dir(self, instance_id: str) -> Path:
@@ -316,6 +337,56 @@ class LocalProvider:
         )
 
 
+def stop_agents(
+    providers: Sequence[LocalProvider],
+    hurry: threading.Event,
+    *,
+    drain_s: float = 5.0,
+    stop_s: float = 15.0,
+    say: Callable[[str], None] = print,
+) -> tuple[int, int]:
+    """Stop every agent these providers run, within `drain_s + stop_s` seconds (less if
+    `hurry` is set): what `autoscaler up` does on Ctrl-C, while its API still answers.
+
+    A SIGTERM to each agent starts its drain (no new task; running ones go on); after
+    `drain_s` a second SIGTERM makes it interrupt its tasks (they are requeued, not
+    failed) and leave; whatever still runs after `stop_s` more is SIGKILLed with its
+    process group. Returns (agents that exited, agents that had to be killed).
+    """
+    live = [(p, r) for p in providers for r in p.live_agents()]
+    if not live:
+        return 0, 0
+    say(
+        f"stopping {len(live)} local agent(s): running tasks get {drain_s:g}s, then are interrupted and "
+        f"requeued; at most {drain_s + stop_s:g}s (Ctrl-C again to kill them now)"
+    )
+
+    def alive() -> builtins.list[tuple[LocalProvider, LocalRecord]]:
+        return [(p, r) for p, r in live if r.pid is not None and p._is_ours(r)]
+
+    def wait(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not hurry.is_set() and alive():
+            hurry.wait(0.1)
+
+    for seconds in (drain_s, stop_s):  # the first SIGTERM drains, the second interrupts
+        for _, r in alive():
+            assert r.pid is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(r.pid, signal.SIGTERM)
+        wait(seconds)
+    killed = alive()
+    for p, r in live:
+        p.mark_stopped(r)
+    stopped = len(live) - len(killed)
+    if killed:
+        names = ", ".join(r.instance_id for _, r in killed)
+        say(f"stopped {stopped} local agent(s); killed {len(killed)} that did not stop in time: {names}")
+    else:
+        say(f"stopped {stopped} local agent(s)")
+    return stopped, len(killed)
+
+
 def _pid_alive(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     if stat.exists():
@@ -334,4 +405,4 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-__all__ = ["LocalProvider", "LocalRecord", "agent_command", "default_offering"]
+__all__ = ["LocalProvider", "LocalRecord", "agent_command", "default_offering", "stop_agents"]

@@ -170,3 +170,39 @@ def test_a_worker_the_server_gave_up_on_stops_its_tasks_and_exits_2(harness: Age
     assert not _alive(pid)
     t = harness.task(task)
     assert t["state"] == "queued" and t["events"][-2]["reason"] == "lost:heartbeat"
+
+
+def test_sigterm_while_the_server_is_away_ends_the_agent_within_its_drain_deadline(harness: AgentHarness) -> None:
+    # Production-sized back-off (30 s) and flush window (60 s): before the fix the agent
+    # skipped its exit check while a heartbeat retry was pending, and every failed
+    # heartbeat pushed the retry later, so it never left.
+    agent = harness.start_agent(
+        instance_id="i-stranded", extra=["--drain-deadline", "3", "--kill-grace", "1", "--backoff-max", "30"]
+    )
+    harness.worker_of("i-stranded")
+    restarted = harness.restart_server()  # stopped; never started again
+    wait_for("the agent to notice", lambda: "server unreachable" in agent.log(), timeout=10)
+    time.sleep(2)  # a few failed heartbeats: the next retry is well in the future
+    sent = time.monotonic()
+    agent.signal(signal.SIGTERM)
+    code = agent.wait(timeout=3 + 1 + 5)  # drain deadline + kill grace + a start-up margin
+    took = time.monotonic() - sent
+    assert code == 0, agent.log()
+    assert took <= 3 + 1 + 2.5, f"{took:.1f}s\n{agent.log()}"
+    assert "could not deregister" in agent.log()
+    del restarted
+
+
+def test_a_second_sigterm_while_the_server_is_away_ends_the_agent_at_once(harness: AgentHarness) -> None:
+    task = harness.enqueue(py("import time\nprint('busy', flush=True)\ntime.sleep(60)"))
+    agent = harness.start_agent(instance_id="i-hurried", extra=["--drain-deadline", "60", "--backoff-max", "30"])
+    harness.wait_state(task, "running")
+    harness.restart_server()
+    wait_for("the agent to notice", lambda: "server unreachable" in agent.log(), timeout=10)
+    agent.signal(signal.SIGTERM)
+    wait_for("the drain", lambda: "SIGTERM: draining" in agent.log())
+    sent = time.monotonic()
+    agent.signal(signal.SIGTERM)  # the task is interrupted now (kill grace 1 s) and the agent leaves
+    assert agent.wait(timeout=10) == 0, agent.log()
+    assert time.monotonic() - sent <= 1 + 3, agent.log()
+    assert "second signal" in agent.log()

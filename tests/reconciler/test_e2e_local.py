@@ -100,3 +100,80 @@ def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) ->
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_ctrl_c_on_up_stops_every_local_agent_it_started(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    port = free_port()
+    cfg["server"]["port"] = port
+    cfg["reconcile"]["interval_s"] = 2
+    config_path = tmp_path / "autoscaler.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "up.log"
+    home = tmp_path / "home"
+    env = {**os.environ, "AUTOSCALER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("AUTOSCALER_CONFIG", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    base = f"http://127.0.0.1:{port}"
+    pids: list[int] = []
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _until("the server", healthy, 30, log)
+        token = (home / "admin.token").read_text().strip()
+        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        script = "import os, time\nprint('task pid', os.getpid(), flush=True)\ntime.sleep(600)"
+        task = api.post(
+            "/api/v1/tasks",
+            json={"queue": "gpu", "gpus": 1, "team": "vision", "command": [sys.executable, "-c", script]},
+        ).json()
+        _until("the task to run", lambda: api.get(f"/api/v1/tasks/{task['id']}").json()["state"] == "running", 40, log)
+
+        def task_pid() -> int | None:
+            chunks = api.get(f"/api/v1/tasks/{task['id']}/logs").json()
+            text = "".join(c["data"] for c in chunks)
+            return int(text.split("task pid", 1)[1].split()[0]) if "task pid" in text else None
+
+        pids.append(_until("the task's pid", task_pid, 20, log))
+        records = [yaml.safe_load(p.read_text()) for p in (home / "local-instances").glob("*/instance.json")]
+        pids += [r["pid"] for r in records if r.get("pid")]
+        assert len(pids) == 2 and all(_pid_alive(p) for p in pids)
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C on `make run` sends
+        proc.wait(timeout=30)
+        took = time.monotonic() - started
+        text = log.read_text()
+        assert "stopping 1 local agent(s)" in text and "stopped 1 local agent(s)" in text, text[-3000:]
+        assert took < 25, f"{took:.1f}s"
+        assert not [p for p in pids if _pid_alive(p)], "agent or task left running"
+        (agent_log,) = (home / "local-instances").glob("*/agent.log")
+        assert "deregistered" in agent_log.read_text()  # it said goodbye while the API answered
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in pids:
+            if _pid_alive(p):
+                os.kill(p, signal.SIGKILL)
