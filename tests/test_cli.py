@@ -98,6 +98,21 @@ def test_team_token_create_and_use(server: dict[str, str]) -> None:
     assert r.returncode == 1 and "admin token" in r.stderr
 
 
+def test_task_why_with_team_tokens(server: dict[str, str]) -> None:
+    vision = {**server, "AUTOSCALER_TOKEN": cli("token", "create", "--team", "vision", env=server).stdout.strip()}
+    nlp = {**server, "AUTOSCALER_TOKEN": cli("token", "create", "--team", "nlp", env=server).stdout.strip()}
+    task_id = cli("enqueue", "-q", "gpu", "--gpus", "1", "--", "true", env=vision).stdout.strip()
+    r = cli("task", "why", task_id, env=vision)
+    assert r.returncode == 0 and task_id in r.stdout and "queued" in r.stdout, r.stderr
+    answer = json.loads(cli("task", "why", task_id, "--json", env=vision).stdout)
+    assert answer["task_id"] == task_id and answer["code"] and answer["reason"]
+    other = cli("task", "why", task_id, env=nlp)
+    assert other.returncode == 1 and "not found" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    # explain is no longer admin-only: a team token gets its part (none recorded here).
+    explained = cli("explain", env=nlp)
+    assert "admin token" not in explained.stderr
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

@@ -223,6 +223,14 @@ class InstanceOut(Out):
     terminated_at: datetime | None
 
 
+class TaskWhyOut(BaseModel):
+    task_id: str
+    state: str
+    code: str
+    reason: str
+    details: dict[str, Any]
+
+
 class DecisionOut(Out):
     id: int
     at: datetime

@@ -148,6 +148,23 @@ def task_show(
     )
 
 
+@task_app.command("why")
+def task_why(
+    task_id: str,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Why a task is waiting now (a team token reads its own team's tasks)."""
+    answer = client(server, token, home).get(f"/api/v1/tasks/{task_id}/why")
+    if json_out:
+        print_json(answer)
+        return
+    out.print(f"{answer['task_id']}  {answer['state']}  [{answer['code']}]", markup=False, highlight=False)
+    out.print(answer["reason"], markup=False, highlight=False)
+
+
 @app.command()
 def logs(
     task_id: str,

@@ -15,6 +15,9 @@ def render_explanation(row: dict[str, Any]) -> list[str]:
     """The decision record in plain words (also used by tests)."""
     summary = row.get("summary") or {}
     revision = (row.get("policy_revision") or "?")[:12]
+    if "team" in summary:
+        head = f"cycle {row['id']} at {row['at']}, team {summary['team']}: policy revision {revision}"
+        return [head, *(f"  - {reason}" for reason in row.get("reasons") or [])]
     head = (
         f"cycle {row['id']} at {row['at']}: {summary.get('pending_tasks', 0)} queued task(s), "
         f"{summary.get('workers', 0)} worker(s); policy revision {revision}; "
@@ -35,7 +38,7 @@ def explain(
     home: HomeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Why the last reconcile cycle launched, held or terminated (admin)."""
+    """Why the last reconcile cycle launched, held or terminated (a team token: its team's part only)."""
     api = client(server, token, home)
     if cycle is not None:
         row = api.get(f"/api/v1/decisions/{cycle}")

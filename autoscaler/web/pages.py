@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
+from autoscaler.admission.why_db import team_standing, why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Ctx, tx
 from autoscaler.auth.tokens import Principal
@@ -77,9 +78,7 @@ def _spend(ctx: AppContext, s: Session, team: str | None) -> list[TeamSpend]:
 
 @router.get("/static/dashboard.css")
 def stylesheet() -> FileResponse:
-    return FileResponse(
-        STATIC / "dashboard.css", media_type="text/css", headers={"Cache-Control": "max-age=300"}
-    )
+    return FileResponse(STATIC / "dashboard.css", media_type="text/css", headers={"Cache-Control": "max-age=300"})
 
 
 @router.get("/login")
@@ -104,16 +103,12 @@ async def login(request: Request, ctx: Ctx) -> Response:
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or ["/"])[0])
     if not token or len(token) > 256:
-        return render(
-            "login.html", status=401, viewer=None, nav="", error="paste an admin or team token", next=target
-        )
+        return render("login.html", status=401, viewer=None, nav="", error="paste an admin or team token", next=target)
     try:
         with tx(ctx) as s:
             principal_for_token(request, s, ctx, token)
     except AutoscalerError as exc:
-        return render(
-            "login.html", status=exc.http_status, viewer=None, nav="", error=exc.message, next=target
-        )
+        return render("login.html", status=exc.http_status, viewer=None, nav="", error=exc.message, next=target)
     response = RedirectResponse(target, status_code=303)
     set_session(response, request, token)
     return response
@@ -146,9 +141,7 @@ def overview(request: Request, ctx: Ctx) -> Response:
             fleet=views.fleet_groups(s, team),
             spend=_spend(ctx, s, team),
             latest=views.decisions(s, team, limit=1),
-            charts=[
-                line_chart(views.CHART_TITLES.get(m, m), series) for m, series in list(charts.items())[:3]
-            ],
+            charts=[line_chart(views.CHART_TITLES.get(m, m), series) for m, series in list(charts.items())[:3]],
         )
 
 
@@ -200,6 +193,9 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
                 "error.html", status=404, viewer=viewer, nav="tasks", message=f"task {task_id[:64]} not found"
             )
         task, attempts = found
+        now = ctx.clock.now()
+        boot = {p.name: p.boot_timeout_s for p in ctx.config.pools}
+        why = why_task(s, task, boot_timeouts=boot, now=now) if task.state == "queued" else None
         return render(
             "task.html",
             viewer=viewer,
@@ -207,7 +203,8 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
             refresh=REFRESH_S,
             task=task,
             attempts=attempts,
-            now=ctx.clock.now(),
+            why=why,
+            now=now,
         )
 
 
@@ -239,12 +236,15 @@ def decisions(request: Request, ctx: Ctx, limit: str | None = None) -> Response:
         viewer = cookie_principal(request, s, ctx)
         if viewer is None:
             return _to_login(request)
+        team = _team_of(viewer)
+        now_verdict = team_standing(s, team) if team is not None else None
         return render(
             "decisions.html",
             viewer=viewer,
             nav="decisions",
             refresh=REFRESH_S * 2,
-            decisions=views.decisions(s, _team_of(viewer), n),
+            decisions=views.decisions(s, team, n, now_verdict),
+            now_verdict=now_verdict,
         )
 
 

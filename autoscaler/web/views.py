@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.queueing.states import TaskState
+from autoscaler.reconciler.team_view import team_lines, verdict
 from autoscaler.state.models import (
     DecisionRecord,
     HistoryPoint,
@@ -146,9 +147,7 @@ def task_detail(session: Session, team: str | None, task_id: str) -> tuple[Task,
             a.ended, a.outcome, a.end_reason, a.detail = ev.at, ev.to_state, ev.reason, ev.detail
     # The last 500 chunks are plenty for a page; the CLI streams the whole log.
     chunks = list(
-        session.scalars(
-            select(TaskLog).where(TaskLog.task_id == task.id).order_by(TaskLog.id.desc()).limit(500)
-        )
+        session.scalars(select(TaskLog).where(TaskLog.task_id == task.id).order_by(TaskLog.id.desc()).limit(500))
     )
     for chunk in reversed(chunks):
         attempts.setdefault(chunk.attempt, Attempt(chunk.attempt)).logs += chunk.data
@@ -165,9 +164,7 @@ class InstanceView:
     gpu_util: list[float]
 
 
-def instances(
-    session: Session, team: str | None, now: datetime, *, include_terminated: bool
-) -> list[InstanceView]:
+def instances(session: Session, team: str | None, now: datetime, *, include_terminated: bool) -> list[InstanceView]:
     stmt = select(Instance).order_by(Instance.created_at.desc()).limit(500)
     if team is not None:
         stmt = stmt.where(Instance.team == team)
@@ -186,9 +183,7 @@ def instances(
     )
     keys = ids + [r.provider_instance_id for r in rows if r.provider_instance_id]
     workers: dict[str, Worker] = {}
-    for w in session.scalars(
-        select(Worker).where(Worker.instance_id.in_(keys)).order_by(Worker.registered_at)
-    ):
+    for w in session.scalars(select(Worker).where(Worker.instance_id.in_(keys)).order_by(Worker.registered_at)):
         workers[w.instance_id] = w  # the latest registration wins
     util = gpu_history(session, [w.id for w in workers.values()], now)
     out = []
@@ -196,14 +191,10 @@ def instances(
         began = r.launched_at or r.created_at
         uptime = max(0.0, ((r.terminated_at or now) - began).total_seconds())
         cost = recorded.get(r.id)
-        worker = workers.get(r.id) or (
-            workers.get(r.provider_instance_id) if r.provider_instance_id else None
-        )
+        worker = workers.get(r.id) or (workers.get(r.provider_instance_id) if r.provider_instance_id else None)
         samples = util.get(worker.id, []) if worker else []
         if not samples and worker is not None and worker.gpu_metrics:
-            samples = [
-                float(sum(g.get("utilization_pct", 0) for g in worker.gpu_metrics) / len(worker.gpu_metrics))
-            ]
+            samples = [float(sum(g.get("utilization_pct", 0) for g in worker.gpu_metrics) / len(worker.gpu_metrics))]
         out.append(
             InstanceView(
                 instance=r,
@@ -257,6 +248,8 @@ class DecisionView:
     reasons: list[str]
     plan: dict[str, int]
     team_decision: dict[str, Any] | None
+    # The team's standing in plain words ("may grow" only when it may); None for admins.
+    verdict: str | None = None
 
 
 def _reason_text(reason: Any) -> str:
@@ -273,23 +266,23 @@ def _plan_counts(plan: dict[str, Any]) -> dict[str, int]:
     return {k: len(v) if isinstance(v, list | dict) else int(bool(v)) for k, v in plan.items() if v}
 
 
-def decisions(session: Session, team: str | None, limit: int) -> list[DecisionView]:
+def decisions(session: Session, team: str | None, limit: int, now_verdict: str | None = None) -> list[DecisionView]:
+    """The last decisions; for a team, its part of each. `now_verdict` (the team's
+    current admission in words) replaces what the latest decision said about it:
+    the admission is what the gates enforce now."""
     rows = session.scalars(select(DecisionRecord).order_by(DecisionRecord.id.desc()).limit(limit))
-    out = []
+    out: list[DecisionView] = []
     for r in rows:
         if team is None:
-            out.append(
-                DecisionView(r, [_reason_text(x) for x in r.reasons or []], _plan_counts(r.plan or {}), None)
-            )
+            out.append(DecisionView(r, [_reason_text(x) for x in r.reasons or []], _plan_counts(r.plan or {}), None))
             continue
         # A team sees the policy's word about itself, never the fleet-wide figures.
-        mine = [x for x in r.reasons or [] if isinstance(x, dict) and x.get("team") == team]
-        verdict = ((r.result or {}).get("teams") or {}).get(team)
-        out.append(
-            DecisionView(
-                r, [_reason_text(x) for x in mine], {}, verdict if isinstance(verdict, dict) else None
-            )
-        )
+        mine = [_reason_text(x) for x in r.reasons or [] if isinstance(x, dict) and x.get("team") == team]
+        plan = r.plan or {}
+        mine += [line for line in team_lines(r.result or {}, plan, team) if not line.startswith(f"team {team}:")]
+        said = ((r.result or {}).get("teams") or {}).get(team)
+        words = now_verdict if (now_verdict is not None and not out) else verdict(r.result or {}, plan, team)
+        out.append(DecisionView(r, mine, {}, said if isinstance(said, dict) else None, words))
     return out
 
 

@@ -75,6 +75,7 @@ MATRIX = [
     ("GET", "/api/v1/tasks", None, USER_READ),
     ("GET", "/api/v1/tasks/{task}", None, {"admin": 200, "vision": 200, "nlp": 404}),
     ("GET", "/api/v1/tasks/{task}/logs", None, {"admin": 200, "vision": 200, "nlp": 404}),
+    ("GET", "/api/v1/tasks/{task}/why", None, {"admin": 200, "vision": 200, "nlp": 404}),
     ("POST", "/api/v1/tasks/{task}/cancel", lambda w: {}, {"admin": 200, "vision": 200, "nlp": 404}),
     ("POST", "/api/v1/workers/register", _register_body, {"join": 201}),
     ("POST", "/api/v1/workers/{worker}/heartbeat", lambda w: {}, {"worker": 200, "other_worker": 404}),
@@ -97,7 +98,7 @@ MATRIX = [
     ("POST", "/api/v1/workers/{worker}/drain", lambda w: {"deadline_s": 60}, {"admin": 200}),
     ("GET", "/api/v1/pools", None, USER_READ),
     ("GET", "/api/v1/instances", None, USER_READ),
-    ("GET", "/api/v1/decisions", None, {"admin": 200}),
+    ("GET", "/api/v1/decisions", None, USER_READ),
     ("POST", "/api/v1/tokens", lambda w: {"kind": "team", "team": "vision"}, {"admin": 201}),
 ]
 

@@ -8,6 +8,10 @@ from datetime import timedelta
 
 import httpx
 
+from autoscaler.admission import store as admission_store
+from autoscaler.admission.model import admissions
+from autoscaler.policy.schema import Decision, TeamDecision
+from autoscaler.queueing import tasks as task_ops
 from autoscaler.state.db import transaction
 from autoscaler.state.models import DecisionRecord, HistoryPoint
 from tests.conftest import LiveServer, issue_token
@@ -105,3 +109,31 @@ def test_decisions_charts_and_fleet_render_for_the_right_viewer(
     fleet = vision.get("/fleet").text
     assert "i-vision-vm" in fleet and "i-nlp-vm" not in fleet and "≈$3.00" in fleet
     agent.close()
+
+
+def test_frozen_team_page_says_so_and_task_page_says_why(live_server: LiveServer) -> None:
+    ctx, url = live_server.ctx, live_server.url
+    now = ctx.clock.now()
+    with transaction(ctx.sessions) as s:
+        # The recorded decision let vision grow, with headroom; the admission the
+        # gates enforce now has that headroom used up.
+        s.add(
+            DecisionRecord(
+                at=now,
+                policy_revision="rev-1",
+                cycle_ms=1.0,
+                eval_ms=0.1,
+                reasons=[],
+                plan={},
+                result={"teams": {"vision": {"may_scale_up": True, "spend_headroom_per_hour": 0.5, "reasons": []}}},
+            )
+        )
+        decision = Decision(teams={"vision": TeamDecision(spend_headroom_per_hour=0.0, reasons=["vision at 99 %"])})
+        admission_store.write(s, admissions(decision, {}), now=now)
+        spec = task_ops.TaskSpec(queue="gpu", command=["true"], gpus=1)
+        task_id = task_ops.enqueue(s, spec, team="vision", now=now).id
+    vision = _session(url, issue_token(ctx, "team", team="vision"))
+    page = vision.get("/decisions").text
+    assert "may grow" not in page and "may not grow: spend headroom used up" in page and "vision at 99 %" in page
+    task_page = vision.get(f"/tasks/{task_id}").text
+    assert 'id="task-why" data-code="budget"' in task_page and "held by its team&#39;s budget" in task_page

@@ -1,7 +1,8 @@
 """Read-only views of the fleet: pools, instances and reconcile decisions.
 
 Team members see pools and the instances launched for their team; decisions hold
-every team's figures, so they are for admins.
+every team's figures, so a team token reads only its own part of each
+(`reconciler.team_view`): its policy answer, holds, launches and alerts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from sqlalchemy import func, select
 
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.api.schemas import DecisionOut, InstanceOut, PoolOut
+from autoscaler.auth.tokens import Principal
 from autoscaler.errors import NotFound
+from autoscaler.reconciler.team_view import team_decision
 from autoscaler.state.models import DecisionRecord, Instance
 
 router = APIRouter(prefix="/api/v1", tags=["fleet"])
@@ -33,9 +36,16 @@ def pools(auth: Auth, ctx: Ctx) -> list[PoolOut]:
         )
     return [
         PoolOut(
-            name=p.name, provider=p.provider, region=p.region, zones=p.zones, capacity_types=list(p.capacity_types),
-            min_instances=p.min_instances, max_instances=p.max_instances, idle_timeout_s=p.idle_timeout_s,
-            boot_timeout_s=p.boot_timeout_s, instances=counts.get(p.name, 0),
+            name=p.name,
+            provider=p.provider,
+            region=p.region,
+            zones=p.zones,
+            capacity_types=list(p.capacity_types),
+            min_instances=p.min_instances,
+            max_instances=p.max_instances,
+            idle_timeout_s=p.idle_timeout_s,
+            boot_timeout_s=p.boot_timeout_s,
+            instances=counts.get(p.name, 0),
         )
         for p in ctx.config.pools
     ]
@@ -64,21 +74,31 @@ def instances(
         return list(s.scalars(stmt))
 
 
+def _scoped(row: DecisionRecord, principal: Principal) -> DecisionOut:
+    out = DecisionOut.model_validate(row)
+    if principal.is_admin:
+        return out
+    return DecisionOut.model_validate(team_decision(out.model_dump(), principal.team or ""))
+
+
 @router.get("/decisions", response_model=list[DecisionOut])
-def decisions(auth: Auth, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[DecisionRecord]:
+def decisions(auth: Auth, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[DecisionOut]:
     with tx(ctx) as s:
-        auth.admin(s)
-        return list(s.scalars(select(DecisionRecord).order_by(DecisionRecord.id.desc()).limit(limit)))
+        principal = auth.user(s)
+        rows = s.scalars(select(DecisionRecord).order_by(DecisionRecord.id.desc()).limit(limit))
+        return [_scoped(r, principal) for r in rows]
 
 
 @router.get("/decisions/{decision_id}", response_model=DecisionOut)
 def decision(
     # Bounded: an id past 64 bits would overflow the database driver (a 500), not miss (a 404).
-    decision_id: Annotated[int, Path(ge=1, le=2**63 - 1)], auth: Auth, ctx: Ctx
-) -> DecisionRecord:
+    decision_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    auth: Auth,
+    ctx: Ctx,
+) -> DecisionOut:
     with tx(ctx) as s:
-        auth.admin(s)
+        principal = auth.user(s)
         row = s.get(DecisionRecord, decision_id)
         if row is None:
             raise NotFound(f"decision {decision_id} not found")
-        return row
+        return _scoped(row, principal)

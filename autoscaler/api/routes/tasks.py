@@ -9,8 +9,10 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.admission.why_db import why_task
+from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
-from autoscaler.api.schemas import LogChunkOut, TaskDetail, TaskEventOut, TaskIn, TaskOut
+from autoscaler.api.schemas import LogChunkOut, TaskDetail, TaskEventOut, TaskIn, TaskOut, TaskWhyOut
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import Forbidden, NotFound
 from autoscaler.queueing import tasks as ops
@@ -78,6 +80,19 @@ def get_task(task_id: str, auth: Auth, ctx: Ctx) -> TaskDetail:
             **TaskOut.model_validate(task).model_dump(),
             events=[TaskEventOut.model_validate(e) for e in events],
         )
+
+
+@router.get("/{task_id}/why", response_model=TaskWhyOut)
+def why(task_id: str, auth: Auth, ctx: Ctx) -> TaskWhyOut:
+    """The current reason a queued task waits (or what it does if it is not queued)."""
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        answer = why_task(s, task, boot_timeouts=boot_timeouts(ctx), now=ctx.clock.now())
+        return TaskWhyOut(task_id=task.id, state=task.state, **answer.to_dict())
+
+
+def boot_timeouts(ctx: AppContext) -> dict[str, float]:
+    return {p.name: p.boot_timeout_s for p in ctx.config.pools}
 
 
 @router.post("/{task_id}/cancel", response_model=TaskOut)
