@@ -87,6 +87,14 @@ class PoolConfig(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     simulated_gpus: SimulatedGpus | None = None
     options: dict[str, Any] = Field(default_factory=dict, description="Provider-specific settings.")
+    tenancy: Literal["team", "shared"] = Field(
+        "team",
+        description=(
+            "team: a machine runs one team's work at a time (the team whose demand launched it, or, for a "
+            "machine launched for no team, whichever team holds it now); shared: teams may share a machine "
+            "and its uid boundary."
+        ),
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> PoolConfig:

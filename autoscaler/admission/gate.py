@@ -28,6 +28,10 @@ class Machine:
     # None: the pool's shared line, or a machine we do not pay by the hour (static).
     charged_team: str | None = None
     capacity_type: str | None = None  # None: not a cloud offering (static, Slurm)
+    # Pool tenancy "team": the machine runs one team's work at a time, its `tenant`'s
+    # (the team it was launched for, else the team whose work holds it now; None: free).
+    exclusive: bool = False
+    tenant: str | None = None
 
     def usd_per_hour(self, gpus: int) -> float:
         """What holding `gpus` of it costs per hour (a GPU-less machine is one slot)."""
@@ -50,6 +54,8 @@ def placement_refusal(adm: TeamAdmission, machine: Machine) -> str | None:
     if adm.drain:
         why = "; ".join(adm.reasons) or "the policy drains it"
         return f"team {adm.team} is being drained ({why})"
+    if machine.exclusive and machine.tenant is not None and machine.tenant != adm.team:
+        return f"machine belongs to team {machine.tenant} (pool {machine.pool} has tenancy: team)"
     if adm.allowed_pools is not None and machine.pool not in adm.allowed_pools:
         return f"policy keeps team {adm.team} out of pool {machine.pool}"
     if machine.capacity_type is not None and machine.capacity_type not in adm.allowed_capacity_types:

@@ -79,6 +79,7 @@ class PoolView:
     # Offering keys, zones or "*" (the whole pool) marked unavailable after errors.
     blocked: frozenset[str] = frozenset()
     backoff_until: datetime | None = None
+    tenancy: str = "team"  # team | shared: may teams share a machine
 
     def is_blocked(self, offering: OfferingView) -> bool:
         b = self.blocked
@@ -106,6 +107,8 @@ class WorkerView:
     # CPUs and memory its running tasks leave free; None: the agent did not report them.
     cpus_free: float | None = None
     memory_free_mb: int | None = None
+    # The team whose work it runs now (one team; None when idle or shared by several).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

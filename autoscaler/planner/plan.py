@@ -512,7 +512,7 @@ def plan(inp: PlanInput) -> Plan:
             mem_free=w.memory_free_mb,
         )
         w_inst = by_id.get(w.instance_id) if w.instance_id else None
-        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(w.pool, w.gpu_count, w_inst))
+        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
         pool = pools[w.pool]
         if (
             w.state == "idle"
@@ -532,7 +532,9 @@ def plan(inp: PlanInput) -> Plan:
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
-            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(inst.pool, inst.gpus, inst))
+            boot_pool = pools.get(inst.pool)
+            machine = _machine(boot_pool, inst.gpus, inst, None) if boot_pool else Machine(inst.pool, inst.gpus)
+            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, machine)
 
     tds = {t: dec.team(t) for t in teams_in_demand}
     # Admission, the same rule the lease applies (autoscaler.admission): work goes
@@ -833,12 +835,21 @@ def plan(inp: PlanInput) -> Plan:
     return Plan(tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing, tuple(notes))
 
 
-def _machine(pool: str, gpus: int, inst: InstanceView | None) -> Machine:
+def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str | None) -> Machine:
     """A worker's or booting instance's machine as admission sees it (no instance
     record: an on-prem or Slurm machine we do not pay for by the hour)."""
+    exclusive = pool.tenancy == "team"
     if inst is None:
-        return Machine(pool, gpus)
-    return Machine(pool, inst.gpus or gpus, inst.hourly_price, inst.team, inst.capacity_type)
+        return Machine(pool.name, gpus, exclusive=exclusive, tenant=tenant)
+    return Machine(
+        pool.name,
+        inst.gpus or gpus,
+        inst.hourly_price,
+        inst.team,
+        inst.capacity_type,
+        exclusive=exclusive,
+        tenant=inst.team or tenant,
+    )
 
 
 def _cheapest(pool: PoolView) -> OfferingView | None:

@@ -153,7 +153,7 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
         max(worker.cpus - sum(t.cpus for t in active), 0.0) if worker.cpus > 0 else None,
         max(worker.memory_mb - sum(t.memory_mb for t in active), 0) if worker.memory_mb > 0 else None,
     )
-    machine = machine_of(session, worker)
+    machine = machine_of(session, worker, active)
     table = admission_store.load(session)
     usage = team_usage(session)
     choice = _choose(session, queues, room, machine, table, usage)
@@ -180,19 +180,30 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     return task
 
 
-def machine_of(session: Session, worker: Worker) -> Machine:
-    """The worker's machine as admission sees it: its price, capacity type and the team
-    its unused time is charged to. A machine with no instance record (a declared
-    on-prem machine, a Slurm node we do not price) costs nothing to use."""
+def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) -> Machine:
+    """The worker's machine as admission sees it: its price, capacity type, the team
+    its unused time is charged to and, under `tenancy: team`, the one team it runs
+    work for. A machine with no instance record (a declared on-prem machine, a Slurm
+    node we do not price) costs nothing to use."""
     inst = session.scalar(
         select(Instance)
         .where(Instance.pool == worker.pool, Instance.provider_instance_id == worker.instance_id)
         .order_by(Instance.created_at.desc())
         .limit(1)
     )
+    exclusive = worker.tenancy == "team"
+    holders = {t.team for t in active}
     if inst is None:
-        return Machine(worker.pool, worker.gpu_count)
-    return Machine(worker.pool, inst.gpus or worker.gpu_count, inst.hourly_price, inst.team, inst.capacity_type)
+        return Machine(worker.pool, worker.gpu_count, exclusive=exclusive, tenant=min(holders, default=None))
+    return Machine(
+        worker.pool,
+        inst.gpus or worker.gpu_count,
+        inst.hourly_price,
+        inst.team,
+        inst.capacity_type,
+        exclusive=exclusive,
+        tenant=inst.team or min(holders, default=None),
+    )
 
 
 def _choose(

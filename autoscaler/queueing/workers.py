@@ -34,6 +34,7 @@ class Registration:
     memory_mb: int = 0
     simulated_gpus: bool = False
     agent_version: str = ""
+    tenancy: str = "team"
 
 
 def register(session: Session, join: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
@@ -65,6 +66,7 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
         last_heartbeat=now,
         idle_since=now,
         agent_version=reg.agent_version[:32],
+        tenancy=reg.tenancy,
     )
     session.add(worker)
     session.flush()

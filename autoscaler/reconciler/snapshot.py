@@ -141,6 +141,12 @@ def observe(
     ):
         running_gpus[team] += int(gpus or 0)
         running_by_queue[queue] += int(n)
+    tenants: dict[str, set[str]] = defaultdict(set)
+    for wid, team in session.execute(
+        select(Task.worker_id, Task.team).where(Task.state.in_(ACTIVE_TASK_STATES)).distinct()
+    ):
+        if wid is not None:
+            tenants[wid].add(team)
     load = {
         wid: (int(n), int(g or 0), float(c or 0.0), int(m or 0))
         for wid, n, g, c, m in session.execute(
@@ -202,6 +208,7 @@ def observe(
                 inst_id,
                 max(w.cpus - used_cpus, 0.0) if w.cpus else None,
                 max(w.memory_mb - used_mem, 0) if w.memory_mb else None,
+                next(iter(tenants[w.id])) if len(tenants.get(w.id, ())) == 1 else None,
             )
         )
     instances = tuple(
@@ -247,6 +254,7 @@ def observe(
             region=p.region,
             blocked=frozenset(blocked.get(p.name, ())),
             backoff_until=pool_state[p.name].backoff_until if p.name in pool_state else None,
+            tenancy=p.tenancy,
         )
         for p in config.pools
     )

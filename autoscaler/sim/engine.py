@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.clock import ManualClock
-from autoscaler.config import AutoscalerConfig
+from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.provisioning import catalog_offerings
 from autoscaler.queueing import tasks as task_ops
@@ -483,6 +483,7 @@ class Simulation:
             gpus=track.gpus,
             gpu_type=gpu_type,
             price_per_gpu_h=track.price / max(track.gpus, 1),
+            tenancy=_tenancy(self.config.pool(track.pool)),
         )
         track.ready_s = self.now_s
         self.agents[agent.worker_id] = agent
@@ -682,3 +683,7 @@ def _month_turn_s(start: datetime, now_s: float) -> float:
     now = start + timedelta(seconds=now_s)
     nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
     return (nxt - start).total_seconds()
+
+
+def _tenancy(pool: PoolConfig | None) -> str:
+    return pool.tenancy if pool is not None else "team"

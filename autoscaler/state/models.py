@@ -217,6 +217,8 @@ class Worker(Base):
     gone_at: Mapped[datetime | None]
     gone_reason: Mapped[str | None] = mapped_column(String(64))
     agent_version: Mapped[str] = mapped_column(String(32), default="")
+    # Its pool's tenancy when it registered: "team" (one team's work at a time) or "shared".
+    tenancy: Mapped[str] = mapped_column(String(8), default="team", server_default="team")
 
 
 class Instance(Base):

@@ -35,9 +35,10 @@ def machine(
     cpus: int = 0,
     memory_mb: int = 0,
     capacity_type: str = "spot",
+    tenancy: str = "team",
 ) -> str:
     """A worker on an instance our reconciler launched for `team`'s demand."""
-    worker_id = add_worker(sessions, clock, gpus=gpus)
+    worker_id = add_worker(sessions, clock, gpus=gpus, tenancy=tenancy)
     with transaction(sessions) as s:
         w = s.get(Worker, worker_id)
         assert w is not None
@@ -71,7 +72,7 @@ def frozen(**extra: object) -> TeamDecision:
 
 def test_frozen_team_leases_nothing_on_another_teams_machine(setup, clock) -> None:
     s = setup.sessions
-    other = machine(s, clock, team="nlp", gpus=2, price=2.0)
+    other = machine(s, clock, team="nlp", gpus=2, price=2.0, tenancy="shared")
     held = add_task(s, clock, team="vision", gpus=1)
     two = add_task(s, clock, team="vision", gpus=2)
     decide(s, clock, Decision(teams={"vision": frozen(), "nlp": TeamDecision()}))
@@ -104,7 +105,7 @@ def test_shared_capacity_needs_headroom(setup, clock) -> None:
     """A pool-minimum machine is charged to the shared line: a lease moves its cost
     onto the team, so it needs the team's headroom, and spends it."""
     s = setup.sessions
-    shared = machine(s, clock, team=None, gpus=4, price=4.0)
+    shared = machine(s, clock, team=None, gpus=4, price=4.0, tenancy="shared")
     tasks = []
     for _ in range(4):
         tasks.append(add_task(s, clock, team="vision"))
@@ -129,7 +130,7 @@ def test_quota_caps_leases(setup, clock) -> None:
 
 def test_borrowing_only_what_others_leave_unused_and_reclaim(setup, clock) -> None:
     s = setup.sessions
-    workers = [machine(s, clock, team=None, gpus=1, price=0.0) for _ in range(12)]
+    workers = [machine(s, clock, team=None, gpus=1, price=0.0, tenancy="shared") for _ in range(12)]
     quotas = Decision(
         teams={
             "research": TeamDecision(nominal_gpus=4, borrowing_limit_gpus=4),
@@ -203,7 +204,7 @@ def test_gpu_type_is_matched_by_words(setup, clock, wanted: str, ok: bool) -> No
 
 def test_policy_weights_order_leases(setup, clock) -> None:
     s = setup.sessions
-    w = machine(s, clock, team=None, gpus=8, price=0.0)
+    w = machine(s, clock, team=None, gpus=8, price=0.0, tenancy="shared")
     for team in ("a", "b"):
         add_task(s, clock, team=team)
         assert lease(s, clock, w) is not None

@@ -52,6 +52,7 @@ machines = st.lists(
         st.sampled_from([0.0, 1.0, 3.0]),
         st.sampled_from([0, 2, 8]),
         st.sampled_from(["spot", "on_demand"]),
+        st.sampled_from(["team", "shared"]),
     ),
     min_size=1,
     max_size=5,
@@ -81,8 +82,8 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
         clock = ManualClock(datetime(2026, 3, 10, 12, 0, tzinfo=UTC))
         make_context(parse_config(TEST_CONFIG, Path("test.yaml")), sessions, clock)
         workers = [
-            machine(sessions, clock, team=team, gpus=g, price=price, cpus=cpus, capacity_type=ct)
-            for team, g, price, cpus, ct in fleet
+            machine(sessions, clock, team=team, gpus=g, price=price, cpus=cpus, capacity_type=ct, tenancy=tenancy)
+            for team, g, price, cpus, ct, tenancy in fleet
         ]
         for team, gpus, cpus, gtype, prio in queue:
             add_task(sessions, clock, team=team, gpus=gpus, cpus=cpus, gpu_type=gtype, priority=prio)
@@ -106,23 +107,27 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
         spent = dict.fromkeys(TEAMS, 0.0)
         held = dict.fromkeys(TEAMS, 0)
         quotas = {t: a.quota for t, a in table.items() if a.quota is not None and t}
-        with sessions() as s:
-            by_worker = {w: ops.machine_of(s, s.get(Worker, w)) for w in workers}  # type: ignore[arg-type]
+
+        def machine_now(s, w):  # the machine as the gate sees it, with the tasks it holds now
+            active = s.scalars(select(Task).where(Task.worker_id == w, Task.state == "leased")).all()
+            return ops.machine_of(s, s.get(Worker, w), active)
+
         # Lease round-robin until every worker gets nothing.
         progress = True
         while progress:
             progress = False
             for w in workers:
+                with sessions() as s:
+                    before = machine_now(s, w)
                 with transaction(sessions) as s:
                     task = ops.lease(s, w, now=clock.now())
                     if task is None:
                         continue
                     progress = True
                     adm = table[task.team]
-                    m = by_worker[w]
                     # The gate's own verdict, computed before this lease took effect.
-                    assert refusal(adm, m, task.gpus, quota_room(task.team, quotas, held)) is None
-                    spent[task.team] += added_spend(adm, m, task.gpus)
+                    assert refusal(adm, before, task.gpus, quota_room(task.team, quotas, held)) is None
+                    spent[task.team] += added_spend(adm, before, task.gpus)
                     held[task.team] += task.gpus
         for t, adm in table.items():
             if not t:
@@ -146,9 +151,15 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
                     worker.cpus - sum(t.cpus for t in active) if worker.cpus else None,
                     None,
                 )
+                m = machine_now(s, w)
+                if worker.tenancy == "team":
+                    # Tenancy: one team's work at a time, the launching team's if there is one.
+                    teams_here = {t.team for t in active}
+                    assert len(teams_here) <= 1
+                    assert m.charged_team is None or teams_here <= {m.charged_team}
                 for t in queued:
                     fitting = fits(Need(t.gpus, t.gpu_type, t.cpus, t.memory_mb), room)
-                    admissible = refusal(table[t.team], by_worker[w], t.gpus, quota_room(t.team, quotas, held)) is None
+                    admissible = refusal(table[t.team], m, t.gpus, quota_room(t.team, quotas, held)) is None
                     assert not (fitting and admissible), f"worker {w} idle while task {t.id} fits and is admissible"
     finally:
         engine.dispose()

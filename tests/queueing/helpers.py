@@ -26,6 +26,7 @@ def add_worker(
     gpus: int = 1,
     model: str = "NVIDIA A10G",
     instance_id: str | None = None,
+    tenancy: str = "team",
 ) -> str:
     with transaction(sessions) as s:
         _, join = create_token(s, kind="join", now=clock.now(), pool=pool, ttl=timedelta(hours=1))
@@ -35,6 +36,7 @@ def add_worker(
             provider="fake",
             pool=pool,
             gpus=[{"index": i, "model": model, "uuid": f"GPU-{i}"} for i in range(gpus)],
+            tenancy=tenancy,
         )
         worker, _token = register(s, join, reg, now=clock.now())
         return worker.id

@@ -52,7 +52,7 @@ def test_fair_share_prefers_the_team_holding_fewer_gpus(setup, clock) -> None:
 
 def test_fair_share_uses_weights(setup, clock) -> None:
     s = setup.sessions
-    w = add_worker(s, clock, gpus=4)
+    w = add_worker(s, clock, gpus=4, tenancy="shared")
     for team in ("vision", "nlp"):
         add_task(s, clock, team=team)
         assert lease(s, clock, w) is not None

@@ -27,6 +27,14 @@ router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
 
 
+def _tenancy(ctx: Ctx, pool: str) -> str:
+    """The pool's tenancy; "team" (the safe answer) for a pool the config does not name."""
+    for p in ctx.config.pools:
+        if p.name == pool:
+            return p.tenancy
+    return "team"
+
+
 @router.post("/register", response_model=RegisterOut, status_code=201)
 def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
     with tx(ctx) as s:
@@ -41,6 +49,7 @@ def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
             memory_mb=body.memory_mb,
             simulated_gpus=any(g.simulated for g in body.gpus),
             agent_version=body.agent_version,
+            tenancy=_tenancy(ctx, body.pool),
         )
         worker, token = ops.register(s, join, reg, now=ctx.clock.now())
     ctx.wake("worker registered")
@@ -105,9 +114,7 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
 def append_logs(worker_id: str, task_id: str, body: LogsIn, auth: Auth, ctx: Ctx) -> dict[str, int]:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        n = task_ops.append_logs(
-            s, worker_id, task_id, [(c.stream, c.data) for c in body.chunks], now=ctx.clock.now()
-        )
+        n = task_ops.append_logs(s, worker_id, task_id, [(c.stream, c.data) for c in body.chunks], now=ctx.clock.now())
     return {"accepted": n}
 
 
@@ -144,6 +151,10 @@ def drain(worker_id: str, body: DrainIn, auth: Auth, ctx: Ctx) -> Worker:
     with tx(ctx) as s:
         auth.admin(s)
         return ops.drain(
-            s, worker_id, now=ctx.clock.now(), deadline_s=body.deadline_s, reason=body.reason,
+            s,
+            worker_id,
+            now=ctx.clock.now(),
+            deadline_s=body.deadline_s,
+            reason=body.reason,
             only_if_idle=body.only_if_idle,
         )
