@@ -142,7 +142,7 @@ class Task(Base):
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     # When set, only these exit codes are retried (a code 129-255 also matches a death
     # by signal code-128); None: every non-zero exit and every timeout is.
-    retry_on_exit_codes: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    retry_on_exit_codes: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     timeout_s: Mapped[float | None] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16), default="queued")
     # Leases so far: every attempt, whatever ended it.

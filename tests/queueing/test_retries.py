@@ -59,8 +59,11 @@ def test_a_non_zero_exit_is_retried_until_max_attempts_then_fails(setup, clock) 
     assert (task.exit_code, task.end_reason) == (1, "exit_code") and task.finished_at is not None
     # The history keeps each attempt's exit code and why it was (not) retried.
     ends = [(e.attempt, e.from_state, e.to_state, e.reason) for e in events(setup, tid) if e.from_state == "running"]
-    assert ends == [(1, "running", "queued", "exit 1"), (2, "running", "queued", "exit 1"),
-                    (3, "running", "failed", "exit 1")]
+    assert ends == [
+        (1, "running", "queued", "exit 1"),
+        (2, "running", "queued", "exit 1"),
+        (3, "running", "failed", "exit 1"),
+    ]
     details = [e.detail for e in events(setup, tid) if e.from_state == "running"]
     assert details[0].startswith("failed attempt 1 of 3: requeued behind waiting work")
     assert details[2].startswith("max_attempts reached: failed attempts 3 of 3")
@@ -211,7 +214,12 @@ def _machine_lost(setup: Any, clock: Any, w: str, tid: str) -> str:
 
 
 INTERRUPTIONS: list[Callable[[Any, Any, str, str], str]] = [
-    _spot, _drain, _deregistered, _lost_heartbeat, _lease_expired, _machine_lost,
+    _spot,
+    _drain,
+    _deregistered,
+    _lost_heartbeat,
+    _lease_expired,
+    _machine_lost,
 ]
 
 
@@ -226,8 +234,14 @@ def test_interruptions_of_every_kind_never_spend_attempts(setup, clock) -> None:
         assert (task.state, task.failures, task.interruptions) == ("queued", 0, i + 1), task.end_reason
         ends.append(task.end_reason)
         clock.advance(1)
-    assert set(ends) == {"interrupted:spot", "interrupted:drain", "interrupted:reclaimed", "lost:heartbeat",
-                         "lost:lease_expired", "lost:instance vanished"}
+    assert set(ends) == {
+        "interrupted:spot",
+        "interrupted:drain",
+        "interrupted:reclaimed",
+        "lost:heartbeat",
+        "lost:lease_expired",
+        "lost:instance vanished",
+    }
     # Ten interruptions later, the task with max_attempts 1 still runs, and succeeds.
     run_once(setup, clock, w, tid, reason="exit", exit_code=0)
     task = get_task(s, tid)
