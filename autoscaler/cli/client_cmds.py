@@ -65,8 +65,6 @@ def enqueue(
     max_attempts: Annotated[
         int,
         typer.Option(
-            min=1,
-            max=100,
             help="Failed attempts (non-zero exit, timeout) before the task fails for good, the first included. "
             "Attempts ended by the machine (spot, drain, lost worker) never count.",
         ),
