@@ -83,6 +83,41 @@ def test_enqueue_then_show_queued(server: dict[str, str]) -> None:
     assert canceled.returncode == 0 and "canceled" in canceled.stdout
 
 
+def test_task_show_and_tasks_say_failed_attempts_and_interruptions(server: dict[str, str]) -> None:
+    env = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    r = cli("enqueue", "-q", "cpu", "--max-attempts", "2", "--retry-on-exit-codes", "1, 137", "--", "false", env=env)
+    assert r.returncode == 0, r.stderr
+    task_id = r.stdout.strip()
+    # A worker runs it: a spot reclaim, then an exit 1 (retried), through the real API.
+    join = cli("token", "create", "--join", "--pool", "cpu-pool", env=env).stdout.strip()
+    reg = httpx.post(
+        f"{server['AUTOSCALER_SERVER']}/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {join}"},
+        json={"hostname": "h", "instance_id": "i-cli-retries", "provider": "fake", "pool": "cpu-pool"},
+    ).json()
+    api = httpx.Client(
+        base_url=f"{server['AUTOSCALER_SERVER']}/api/v1/workers/{reg['worker_id']}",
+        headers={"Authorization": f"Bearer {reg['worker_token']}"},
+    )
+    for end in ({"reason": "interrupted", "detail": "spot"}, {"reason": "exit", "exit_code": 1}):
+        deadline = time.monotonic() + 10
+        while (leased := api.post("/lease").json()["task"]) is None or leased["id"] != task_id:
+            assert time.monotonic() < deadline, "the task was not leased"
+            if leased is not None:  # another test's task: finish it and try again
+                api.post(f"/tasks/{leased['id']}/finish", json={"reason": "exit", "exit_code": 0})
+            time.sleep(0.1)
+        assert api.post(f"/tasks/{task_id}/finish", json=end).status_code == 200
+    shown = cli("task", "show", task_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "failed attempts 1 of 2, interruptions 1" in shown.stdout, shown.stdout
+    assert "retries: only exit codes 1, 137" in shown.stdout
+    as_json = json.loads(cli("task", "show", task_id, "--json", env=env).stdout)
+    assert (as_json["failures"], as_json["interruptions"], as_json["retry_on_exit_codes"]) == (1, 1, [1, 137])
+    listed = cli("tasks", "--queue", "cpu", "--state", "queued", env={**env, "COLUMNS": "200"})
+    row = next(line for line in listed.stdout.splitlines() if task_id[:8] in line)
+    assert "1/2" in row and "failed" in listed.stdout and "interrupted" in listed.stdout, listed.stdout
+
+
 def test_home_dir_token_is_found_without_flags(server: dict[str, str]) -> None:
     # AUTOSCALER_TOKEN empty: the CLI falls back to HOME/admin.token written by the server.
     r = cli("queues", "--json", env=server)
@@ -119,6 +154,9 @@ def test_task_why_with_team_tokens(server: dict[str, str]) -> None:
         (["task", "show", "0" * 32], "404: task"),
         (["enqueue", "--queue", "gpu", "--env", "NOEQUALS", "--", "true"], "KEY=VALUE"),
         (["token", "create"], "say which token"),
+        (["enqueue", "--queue", "gpu", "--retry-on-exit-codes", "1,x", "--", "true"], "'x' is not a number"),
+        (["enqueue", "--queue", "gpu", "--retry-on-exit-codes", "300", "--", "true"], "300 is not an exit code 1-255"),
+        (["enqueue", "--queue", "gpu", "--max-attempts", "0", "--", "true"], "max_attempts: Input should be greater"),
         (["token", "create", "--join", "--pool", "gpu-pool", "--ttl", "soon"], "duration 'soon'"),
     ],
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
 Arg = Annotated[str, StringConstraints(max_length=8192)]
@@ -48,9 +48,32 @@ class TaskIn(Body):
     env: dict[EnvKey, Annotated[str, StringConstraints(max_length=32768)]] = Field(default_factory=dict, max_length=256)
     working_dir: Annotated[str, StringConstraints(max_length=1024)] | None = None
     priority: int = Field(0, ge=-1000, le=1000)
-    max_attempts: int = Field(3, ge=1, le=100)
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Failed attempts (non-zero exit, timeout) before the task fails for good, the first one "
+        "included; attempts ended by the machine (spot, drain, lost worker) never count.",
+    )
+    retry_on_exit_codes: list[int] | None = Field(
+        None,
+        max_length=64,
+        description="Only these exit codes (1-255; 128+N for a death by signal N) are retried; other exits "
+        "and timeouts fail at once. Null: every non-zero exit and every timeout is retried.",
+    )
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     team: Name | None = Field(None, description="Admins only: enqueue on behalf of a team.")
+
+    @field_validator("retry_on_exit_codes")
+    @classmethod
+    def _exit_codes(cls, codes: list[int] | None) -> list[int] | None:
+        for c in codes or []:
+            if not 1 <= c <= 255:
+                raise ValueError(
+                    f"{c} is not an exit code 1-255 (a process killed by signal N counts as 128+N, "
+                    "e.g. 137 for SIGKILL)"
+                )
+        return codes
 
 
 class TaskOut(Out):
@@ -66,10 +89,16 @@ class TaskOut(Out):
     memory_mb: int
     priority: int
     max_attempts: int
+    retry_on_exit_codes: list[int] | None
     timeout_s: float | None
     state: str
-    attempts: int
-    interruptions: int
+    attempts: int = Field(description="Leases so far: every attempt, whatever ended it.")
+    failures: int = Field(
+        description="Failed attempts (non-zero exit, timeout, start failure): what max_attempts bounds."
+    )
+    interruptions: int = Field(
+        description="Attempts ended by the machine (spot, drain, lost worker, expired lease): they never count."
+    )
     worker_id: str | None
     gpu_indices: list[int]
     exit_code: int | None

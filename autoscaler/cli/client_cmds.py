@@ -39,6 +39,31 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _parse_codes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    codes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            codes.append(int(part))
+        except ValueError:
+            raise InvalidInput(f"--retry-on-exit-codes {text!r}: {part!r} is not a number; give e.g. 1,137") from None
+    if not codes:
+        raise InvalidInput("--retry-on-exit-codes is empty; give e.g. 1,137, or leave it out to retry every failure")
+    return codes
+
+
+def attempts_summary(task: dict[str, Any]) -> str:
+    """What the counters mean, in one line: "failed attempts 1 of 3, interruptions 2"."""
+    return (
+        f"failed attempts {task.get('failures', 0)} of {task['max_attempts']}, "
+        f"interruptions {task.get('interruptions', 0)}"
+    )
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def enqueue(
     command: Annotated[list[str], typer.Argument(help="The program and its arguments, after `--`.")],
@@ -48,7 +73,20 @@ def enqueue(
     cpus: Annotated[float, typer.Option(help="CPUs needed.")] = 0,
     memory_mb: Annotated[int, typer.Option(help="Memory needed (MiB).")] = 0,
     priority: Annotated[int, typer.Option(help="Higher runs first within the queue.")] = 0,
-    max_attempts: Annotated[int, typer.Option(help="Attempts before the task fails for good.")] = 3,
+    max_attempts: Annotated[
+        int,
+        typer.Option(
+            help="Failed attempts (non-zero exit, timeout) before the task fails for good, the first included. "
+            "Attempts ended by the machine (spot, drain, lost worker) never count.",
+        ),
+    ] = 3,
+    retry_on_exit_codes: Annotated[
+        str | None,
+        typer.Option(
+            help="Retry only these exit codes, e.g. 1,137 (128+N for a death by signal N); "
+            "other exits and timeouts then fail at once. Default: retry every failure.",
+        ),
+    ] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds before the task is stopped.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     workdir: Annotated[str | None, typer.Option(help="Absolute working directory on the worker.")] = None,
@@ -68,6 +106,7 @@ def enqueue(
         "memory_mb": memory_mb,
         "priority": priority,
         "max_attempts": max_attempts,
+        "retry_on_exit_codes": _parse_codes(retry_on_exit_codes),
         "timeout_s": timeout,
         "env": _parse_env(env or []),
         "working_dir": workdir,
@@ -99,7 +138,9 @@ def tasks(
         for r in rows:
             r["command"] = _clip(shell_command(r["command"]), COMMAND_WIDTH)
             r["end_reason"] = end_text(r)
-        print_table(rows, ["id", "queue", "team", "state", "gpus", "attempts", "end_reason", "command"])
+            r["failed"] = f"{r.get('failures', 0)}/{r['max_attempts']}"
+            r["interrupted"] = r.get("interruptions", 0)
+        print_table(rows, ["id", "queue", "team", "state", "gpus", "failed", "interrupted", "end_reason", "command"])
 
 
 COMMAND_WIDTH = 80  # in the task list; `task show` prints the whole command
@@ -136,10 +177,14 @@ def task_show(
         out.print("env: " + " ".join(shell_command([f"{k}={v}"]) for k, v in sorted(task["env"].items())))
     if task.get("working_dir"):
         out.print(f"working dir: {task['working_dir']}")
+    retry = task.get("retry_on_exit_codes")
     out.print(
-        f"gpus: {task['gpus']}  attempts: {task['attempts']} (max {task['max_attempts']} failures; "
-        f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  "
-        f"end: {end_text(task)}"
+        f"gpus: {task['gpus']}  {attempts_summary(task)} (attempts started {task['attempts']})  "
+        f"exit: {task['exit_code']}  end: {end_text(task)}"
+    )
+    out.print(
+        "retries: "
+        + (f"only exit codes {', '.join(str(c) for c in retry)}" if retry else "every non-zero exit and timeout")
     )
     print_table(
         task["events"],

@@ -30,10 +30,14 @@ from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog
 
 LEASE_TTL = timedelta(seconds=90)
 _ACTIVE = tuple(s.value for s in ACTIVE)
-# Spot reclaims and drains a task may go through before it fails for good: a guard
-# against a loop, not a policy (a task that checkpoints may need hundreds to finish
-# on spot; the team's budget bounds what they cost).
+# Machine-caused ends (spot reclaims, drains, lost heartbeats, expired leases) a task
+# may go through before it fails for good: a guard against a loop, not a policy (a
+# task that checkpoints may need hundreds to finish on spot; the team's budget bounds
+# what they cost). They never spend max_attempts.
 MAX_INTERRUPTIONS = 1000
+# Bounds of max_attempts (failed attempts allowed) and of retry_on_exit_codes.
+MAX_ATTEMPTS = 100
+MAX_RETRY_CODES = 64
 MAX_COMMAND_ARGS = 4096
 MAX_LOG_CHUNK = 256 * 1024
 
@@ -49,8 +53,13 @@ class TaskSpec:
     env: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
     priority: int = 0
+    # Failed attempts (non-zero exit, timeout) allowed: the first plus max_attempts - 1
+    # retries. Interruptions by the machine never count.
     max_attempts: int = 3
     timeout_s: float | None = None
+    # Only these exit codes are retried (129-255 also match a death by signal N-128);
+    # None: every non-zero exit and every timeout is.
+    retry_on_exit_codes: Sequence[int] | None = None
 
 
 def validate_working_dir(path: str | None) -> str | None:
@@ -60,6 +69,30 @@ def validate_working_dir(path: str | None) -> str | None:
     if "\x00" in path or not path.startswith("/") or ".." in path.split("/"):
         raise InvalidInput(f"working_dir {path!r} must be an absolute path without '..' segments")
     return os.path.normpath(path)
+
+
+def validate_retry_codes(codes: Sequence[int] | None) -> list[int] | None:
+    """Sorted, without duplicates; each an exit status 1-255 (a death by signal N is
+    given as 128+N, as shells report it: 137 for SIGKILL)."""
+    if codes is None:
+        return None
+    if len(codes) > MAX_RETRY_CODES:
+        raise InvalidInput(f"retry_on_exit_codes has {len(codes)} codes; at most {MAX_RETRY_CODES} are accepted")
+    bad = [c for c in codes if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 255]
+    if bad:
+        raise InvalidInput(
+            f"retry_on_exit_codes: {bad[0]!r} is not an exit code 1-255 "
+            "(a process killed by signal N counts as 128+N, e.g. 137 for SIGKILL)"
+        )
+    return sorted(set(codes))
+
+
+def exit_code_listed(exit_code: int | None, codes: Sequence[int]) -> bool:
+    """Does an attempt's exit code match the list? The agent reports a death by signal
+    N as -N; a shell in between reports it as 128+N: both match a listed 128+N."""
+    if exit_code is None:
+        return False
+    return exit_code in codes or (exit_code < 0 and 128 - exit_code in codes)
 
 
 def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Task:
@@ -72,6 +105,12 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Ta
         raise InvalidInput("command is empty: give the program and its arguments after `--`")
     if len(spec.command) > MAX_COMMAND_ARGS:
         raise InvalidInput(f"command has {len(spec.command)} arguments; at most {MAX_COMMAND_ARGS} are accepted")
+    if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidInput(
+            f"max_attempts must be 1-{MAX_ATTEMPTS} (failed attempts allowed, the first one included), "
+            f"not {spec.max_attempts}"
+        )
+    retry_codes = validate_retry_codes(spec.retry_on_exit_codes)
     task = Task(
         queue=spec.queue,
         team=team,
@@ -84,6 +123,7 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Ta
         memory_mb=spec.memory_mb,
         priority=spec.priority,
         max_attempts=spec.max_attempts,
+        retry_on_exit_codes=retry_codes,
         timeout_s=spec.timeout_s,
         state=TaskState.QUEUED.value,
         sort_key=now,
@@ -340,15 +380,14 @@ def mark_started(session: Session, worker_id: str, task_id: str, *, now: datetim
 
 
 def requeue_or_fail(session: Session, task: Task, *, now: datetime, reason: str) -> None:
-    """After an interrupted or lost attempt: back to the queue, unless attempts are spent.
+    """After an attempt the machine ended: back to the head of the queue.
 
-    An attempt the infrastructure ended (`interrupted:spot`, `interrupted:drain`) is not
-    the task's failure and does not count against `max_attempts`, up to
-    MAX_INTERRUPTIONS (a guard against a task reclaimed forever). A lost attempt does
-    count: a task can take its machine down with it."""
-    infra = reason.startswith("interrupted:")
-    if infra:
-        task.interruptions += 1
+    Every caller is a machine-caused end: `interrupted:spot`, `interrupted:drain`,
+    `interrupted:<deregistration>`, `lost:heartbeat`, `lost:lease_expired`. None of them
+    is the task's failure, so none spends `max_attempts`; `interruptions` counts them,
+    and only MAX_INTERRUPTIONS of them (a guard against a loop: a task that takes its
+    machine down every time) fail the task. Failed attempts are `finish`'s business."""
+    task.interruptions += 1
     task.worker_id = None
     task.gpu_indices = []
     task.lease_deadline = None
@@ -368,19 +407,31 @@ def requeue_or_fail(session: Session, task: Task, *, now: datetime, reason: str)
         )
         task.finished_at = now
         return
-    if not infra and task.attempts - task.interruptions >= task.max_attempts:
-        transition(
-            session,
-            task,
-            TaskState.FAILED,
-            reason="max_attempts",
-            now=now,
-            detail=f"{task.attempts - task.interruptions} failed attempts; last ended: {reason}",
-        )
-        task.finished_at = now
-        return
     # sort_key is kept: an interrupted task goes back to the head of its queue.
     transition(session, task, TaskState.QUEUED, reason=f"requeued after {reason}", now=now)
+
+
+def retry_refusal(task: Task, reason: str, exit_code: int | None) -> str | None:
+    """Why a failed attempt (already counted in `failures`) is not retried, or None.
+
+    - `start_failed` never is: a program that cannot start (not found, not
+      executable, working dir missing) will not start next time either;
+    - with `retry_on_exit_codes`, only the listed exit codes are: other exits and
+      timeouts fail at once;
+    - otherwise every non-zero exit and every timeout is, until `failures` reaches
+      `max_attempts`."""
+    if reason == "start_failed":
+        return "a program that cannot start is not retried"
+    codes = task.retry_on_exit_codes
+    if codes is not None:
+        listed = ", ".join(str(c) for c in codes)
+        if reason == "timeout":
+            return f"not retried: a timeout is not one of retry_on_exit_codes [{listed}]"
+        if not exit_code_listed(exit_code, codes):
+            return f"not retried: exit code {exit_code} is not one of retry_on_exit_codes [{listed}]"
+    if task.failures >= task.max_attempts:
+        return f"max_attempts reached: failed attempts {task.failures} of {task.max_attempts}"
+    return None
 
 
 END_REASONS = ("exit", "canceled", "interrupted", "timeout", "start_failed")
@@ -399,7 +450,9 @@ def finish(
     """The agent reports how an attempt ended.
 
     reason: exit (with exit_code), canceled, interrupted (spot / drain; detail says
-    which), timeout, start_failed.
+    which), timeout, start_failed. A non-zero exit, a timeout or a start failure is a
+    failed attempt (`failures`); it goes back to the queue while `retry_refusal` allows.
+    An interruption goes back through `requeue_or_fail` and spends nothing.
     """
     if reason not in END_REASONS:
         raise InvalidInput(f"unknown end reason {reason!r}; expected one of {', '.join(END_REASONS)}")
@@ -420,9 +473,28 @@ def finish(
         _release_worker(session, worker_id, now)
         return task
     else:
+        # The task's own failure: it spends one of max_attempts, and is retried unless
+        # `retry_refusal` says why not.
         task.end_reason = "exit_code" if reason == "exit" else reason
         why = f"exit {exit_code}" if reason == "exit" else reason
-        transition(session, task, TaskState.FAILED, reason=why, now=now, detail=detail)
+        task.failures += 1
+        refusal = retry_refusal(task, reason, exit_code)
+        if refusal is None:
+            # Behind the work already waiting (a new sort key), not at the head: a
+            # crash-looping task cannot starve the rest of its queue.
+            note = f"failed attempt {task.failures} of {task.max_attempts}: requeued behind waiting work"
+            transition(
+                session, task, TaskState.QUEUED, reason=why, now=now, detail=f"{note}; {detail}" if detail else note
+            )
+            task.sort_key = now
+            task.worker_id = None
+            task.gpu_indices = []
+            task.lease_deadline = None
+            _release_worker(session, worker_id, now)
+            return task
+        transition(
+            session, task, TaskState.FAILED, reason=why, now=now, detail=f"{refusal}; {detail}" if detail else refusal
+        )
     task.finished_at = now
     task.lease_deadline = None
     _release_worker(session, worker_id, now)

@@ -137,13 +137,22 @@ class Task(Base):
     cpus: Mapped[float] = mapped_column(Float, default=0)
     memory_mb: Mapped[int] = mapped_column(Integer, default=0)
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    # Failed attempts (non-zero exit, timeout, start failure) allowed before the task
+    # fails for good; machine-caused ends never spend them (see `interruptions`).
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    # When set, only these exit codes are retried (a code 129-255 also matches a death
+    # by signal code-128); None: every non-zero exit and every timeout is.
+    retry_on_exit_codes: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     timeout_s: Mapped[float | None] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16), default="queued")
+    # Leases so far: every attempt, whatever ended it.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    # Attempts ended by the infrastructure (spot reclaim, drain): they do not count
-    # against max_attempts, which is about the task's own failures.
+    # Attempts ended by the machine (spot reclaim, drain, deregistration, lost
+    # heartbeat, expired lease): they never count against max_attempts.
     interruptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Attempts the task itself failed (non-zero exit, timeout, start failure): these
+    # are what max_attempts bounds.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worker_id: Mapped[str | None] = mapped_column(String(32))
     gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
     lease_deadline: Mapped[datetime | None]
@@ -154,7 +163,8 @@ class Task(Base):
     # (interrupted:reclaim) and it is requeued. Cleared when the attempt ends.
     reclaim_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # Lease order within equal priorities; a requeued interrupted task keeps its
-    # original sort key so it goes back to the head of its queue.
+    # original sort key so it goes back to the head of its queue, a retried failed one
+    # gets the time of its failure (behind the work already waiting).
     sort_key: Mapped[datetime]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -41,6 +41,7 @@ FLEET_COLUMNS = {
     "terminating": "draining",
 }
 FINAL_EVENT_STATES = ("succeeded", "failed", "canceled", "interrupted", "lost")
+ACTIVE_EVENT_STATES = ("leased", "running")
 # History written per worker by the reconciler (key = worker id), for sparklines.
 WORKER_GPU_METRIC = "worker_gpu_utilization_pct"
 CHART_TITLES = {
@@ -145,6 +146,9 @@ def task_detail(session: Session, team: str | None, task_id: str) -> tuple[Task,
             a.started = ev.at
         if ev.to_state in FINAL_EVENT_STATES:
             a.ended, a.outcome, a.end_reason, a.detail = ev.at, ev.to_state, ev.reason, ev.detail
+        elif ev.to_state == TaskState.QUEUED.value and ev.from_state in ACTIVE_EVENT_STATES:
+            # A failed attempt with attempts left goes straight back to the queue.
+            a.ended, a.outcome, a.end_reason, a.detail = ev.at, "failed", ev.reason, ev.detail
     # The last 500 chunks are plenty for a page; the CLI streams the whole log.
     chunks = list(
         session.scalars(select(TaskLog).where(TaskLog.task_id == task.id).order_by(TaskLog.id.desc()).limit(500))

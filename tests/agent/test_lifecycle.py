@@ -17,13 +17,13 @@ def test_agent_registers_inventory_runs_tasks_and_streams_output(harness: AgentH
             "print('oops', file=sys.stderr)"
         )
     )
-    bad = harness.enqueue(py("import sys; sys.exit(3)"), gpus=0)
+    bad = harness.enqueue(py("import sys; sys.exit(3)"), gpus=0, max_attempts=1)
     agent = harness.start_agent(gpus=2, instance_id="i-basic")
 
     done = harness.wait_state(ok, "succeeded")
     failed = harness.wait_state(bad, "failed")
     assert done["exit_code"] == 0 and done["attempts"] == 1
-    assert failed["exit_code"] == 3 and failed["end_reason"] == "exit_code"
+    assert failed["exit_code"] == 3 and failed["end_reason"] == "exit_code" and failed["failures"] == 1
     out = harness.logs(ok, "stdout")
     assert out == f"hello from {ok}\ngpus 0\nno token\n"
     assert harness.logs(ok, "stderr") == "oops\n"  # the join token is the agent's secret, never the task's

@@ -66,16 +66,54 @@ def test_cancel_sends_sigterm_then_sigkill_after_the_grace(harness: AgentHarness
 
 
 def test_timeout_start_failures_and_exit_codes_are_told_apart(harness: AgentHarness) -> None:
-    slow = harness.enqueue(py("import time; time.sleep(30)"), timeout_s=0.5)
-    missing = harness.enqueue(["/nonexistent/program"], gpus=0)
-    nowhere = harness.enqueue(py("print(1)"), gpus=0, working_dir="/nonexistent-dir")
+    slow = harness.enqueue(py("import time; time.sleep(30)"), timeout_s=0.5, max_attempts=1)
+    # A program that cannot start is not retried, whatever max_attempts allows.
+    missing = harness.enqueue(["/nonexistent/program"], gpus=0, max_attempts=3)
+    nowhere = harness.enqueue(py("print(1)"), gpus=0, working_dir="/nonexistent-dir", max_attempts=3)
     harness.start_agent(instance_id="i-mixed", extra=["--max-tasks", "3"])
     t = harness.wait_state(slow, "failed")
-    assert t["end_reason"] == "timeout" and t["exit_code"] == -15
+    assert t["end_reason"] == "timeout" and t["exit_code"] == -15 and t["failures"] == 1
     m = harness.wait_state(missing, "failed")
     assert m["end_reason"] == "start_failed" and "No such file" in m["events"][-1]["detail"]
     n = harness.wait_state(nowhere, "failed")
     assert n["end_reason"] == "start_failed" and "/nonexistent-dir does not exist" in n["events"][-1]["detail"]
+    assert (m["attempts"], m["failures"], n["attempts"], n["failures"]) == (1, 1, 1, 1)
+
+
+def test_a_command_that_fails_once_is_retried_and_succeeds(harness: AgentHarness) -> None:
+    # The first attempt leaves a marker and exits 1; the second finds it and exits 0.
+    marker = harness.tmp / "ran-once"
+    flaky = harness.enqueue(
+        py(
+            "import pathlib, sys\n"
+            f"p = pathlib.Path({str(marker)!r})\n"
+            "if p.exists(): print('second try', flush=True); sys.exit(0)\n"
+            "p.write_text('x'); print('first try', flush=True); sys.exit(1)\n"
+        ),
+        gpus=0,
+        max_attempts=2,
+    )
+    # Killed by SIGKILL the first time (the agent reports -9): retried, as 137 is listed.
+    oom_marker = harness.tmp / "killed-once"
+    killed = harness.enqueue(
+        py(
+            "import os, pathlib, signal\n"
+            f"p = pathlib.Path({str(oom_marker)!r})\n"
+            "if not p.exists(): p.write_text('x'); os.kill(os.getpid(), signal.SIGKILL)\n"
+        ),
+        gpus=0,
+        max_attempts=2,
+        retry_on_exit_codes=[137],
+    )
+    harness.start_agent(instance_id="i-retry", extra=["--max-tasks", "2"])
+    done = harness.wait_state(flaky, "succeeded", "failed")
+    assert (done["state"], done["failures"], done["interruptions"], done["attempts"]) == ("succeeded", 1, 0, 2)
+    ends = [(e["attempt"], e["to_state"], e["reason"]) for e in done["events"] if e["reason"].startswith("exit")]
+    assert ends == [(1, "queued", "exit 1"), (2, "succeeded", "exit 0")]
+    assert harness.logs(flaky, "stdout") == "first try\nsecond try\n"
+    k = harness.wait_state(killed, "succeeded", "failed")
+    assert (k["state"], k["failures"], k["attempts"]) == ("succeeded", 1, 2)
+    assert [e["reason"] for e in k["events"] if e["reason"].startswith("exit")] == ["exit -9", "exit 0"]
 
 
 def test_lost_gpu_is_reported_in_metrics_and_the_agent_keeps_going(harness: AgentHarness) -> None:

@@ -110,7 +110,7 @@ def test_draining_worker_gets_nothing_and_idle_only_drain_is_refused_when_busy(s
 
 def test_finish_paths_and_history(setup, clock) -> None:
     s = setup.sessions
-    ok, bad = add_task(s, clock), add_task(s, clock)
+    ok, bad = add_task(s, clock), add_task(s, clock, max_attempts=1)
     w = add_worker(s, clock, gpus=2)
     for _ in range(2):
         t = lease(s, clock, w)
@@ -123,7 +123,7 @@ def test_finish_paths_and_history(setup, clock) -> None:
         ops.finish(sess, w, bad, now=clock.now(), reason="exit", exit_code=3)
     assert get_task(s, ok).state == "succeeded"
     failed = get_task(s, bad)
-    assert (failed.state, failed.exit_code, failed.end_reason) == ("failed", 3, "exit_code")
+    assert (failed.state, failed.exit_code, failed.end_reason, failed.failures) == ("failed", 3, "exit_code", 1)
     assert get_worker(s, w).state == "idle"
     with s() as sess:
         reasons = [
@@ -149,17 +149,17 @@ def test_interrupted_task_is_requeued_at_head_and_spot_reclaims_do_not_spend_att
     assert (task.state, task.end_reason, task.interruptions) == ("queued", "interrupted:spot", 3)
 
 
-def test_lost_attempts_count_against_max_attempts(setup, clock) -> None:
+def test_lost_attempts_do_not_count_against_max_attempts(setup, clock) -> None:
     s = setup.sessions
     tid = add_task(s, clock, max_attempts=2)
-    for _ in (1, 2):
+    for _ in (1, 2, 3):
         w = add_worker(s, clock)
         assert lease(s, clock, w) is not None
         clock.advance(61)
         with transaction(s) as sess:
             wops.expire_silent_workers(sess, now=clock.now(), timeout_s=60)
     task = get_task(s, tid)
-    assert (task.state, task.end_reason, task.interruptions) == ("failed", "lost:heartbeat", 0)
+    assert (task.state, task.end_reason, task.interruptions, task.failures) == ("queued", "lost:heartbeat", 3, 0)
 
 
 def test_a_task_reclaimed_without_end_fails_after_max_interruptions(setup, clock, monkeypatch) -> None:

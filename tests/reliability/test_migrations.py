@@ -106,3 +106,42 @@ def test_migrated_schema_matches_the_models(empty_engine: Engine) -> None:
     with empty_engine.connect() as c:
         diff = compare_metadata(MigrationContext.configure(c), Base.metadata)
     assert diff == [], diff
+
+
+def test_0005_adds_failures_and_retry_codes_and_backfills_past_failures(empty_engine: Engine) -> None:
+    """0005 up and down with rows in `tasks`: nothing lost, and a task that failed by
+    its own exit before 0005 (never retried then) counts exactly one failure."""
+    upgrade(empty_engine)
+    _fill(empty_engine)
+    before = _counts(empty_engine)
+    downgrade(empty_engine, "0003")
+    with empty_engine.connect() as c:
+        columns = {col["name"] for col in inspect(c).get_columns("tasks")}
+    assert "failures" not in columns and "retry_on_exit_codes" not in columns
+    assert _counts(empty_engine) == before
+    with empty_engine.begin() as c:
+        ids = [r[0] for r in c.execute(text("SELECT id FROM tasks WHERE state = 'queued' ORDER BY id"))]
+        assert len(ids) >= 2
+        c.execute(text("UPDATE tasks SET state = 'failed', end_reason = 'exit_code' WHERE id = :id"), {"id": ids[0]})
+        c.execute(
+            text("UPDATE tasks SET state = 'failed', end_reason = 'max_interruptions' WHERE id = :id"), {"id": ids[1]}
+        )
+    upgrade(empty_engine, "0005")
+    assert _counts(empty_engine) == before
+    with empty_engine.connect() as c:
+        rows = {r[0]: (r[1], r[2]) for r in c.execute(text("SELECT id, failures, retry_on_exit_codes FROM tasks"))}
+    assert rows[ids[0]] == (1, None) and rows[ids[1]] == (0, None)
+    assert all(f == 0 for tid, (f, _) in rows.items() if tid != ids[0])
+    # The domain code works on the upgraded schema: a retry list round-trips.
+    sessions = session_factory(empty_engine)
+    with transaction(sessions) as s:
+        task = task_ops.enqueue(
+            s,
+            task_ops.TaskSpec(queue="gpu", command=["x"], retry_on_exit_codes=[137, 1]),
+            team="vision",
+            now=datetime(2026, 3, 10, 12, 0, tzinfo=UTC),
+        )
+        tid = task.id
+    with sessions() as s:
+        got = s.get(task_ops.Task, tid)
+        assert got is not None and got.retry_on_exit_codes == [1, 137] and got.failures == 0
