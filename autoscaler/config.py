@@ -87,6 +87,11 @@ class PoolConfig(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     simulated_gpus: SimulatedGpus | None = None
     options: dict[str, Any] = Field(default_factory=dict, description="Provider-specific settings.")
+    unused_cost: Literal["launcher", "shared"] = Field(
+        "launcher",
+        description="Who pays for a machine's time with free GPUs (boot, idle, fragmentation): the team whose "
+        "demand launched it, or the pool's `shared` line. Time a task holds GPUs is always its team's.",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> PoolConfig:

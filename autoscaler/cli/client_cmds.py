@@ -109,6 +109,13 @@ def task_show(
         f"gpus: {task['gpus']}  attempts: {task['attempts']} (max {task['max_attempts']} failures; "
         f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  end: {task['end_reason']}"
     )
+    out.print(f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}")
+    if task.get("attempt_costs"):
+        print_table(
+            task["attempt_costs"],
+            ["attempt", "instance_id", "gpus", "started_at", "ended_at", "gpu_hours", "cost_usd"],
+            title="attempts (cost as accrued by the last reconcile cycle)",
+        )
     print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
 
 

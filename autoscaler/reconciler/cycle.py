@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
+from autoscaler.ledger.spend import shared_pools
 from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
@@ -198,6 +199,7 @@ class Reconciler:
                 history=history,
                 accrue_since=self._last_accrual,
                 detail=self.record_detail,
+                shared=shared_pools(self.config),
             )
         if history:
             self._last_history = now
