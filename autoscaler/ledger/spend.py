@@ -176,9 +176,7 @@ def _group(
     return out
 
 
-def accrue(
-    session: Session, *, now: datetime, since: datetime | None = None, shared: Collection[str] = ()
-) -> int:
+def accrue(session: Session, *, now: datetime, since: datetime | None = None, shared: Collection[str] = ()) -> int:
     """Bring the segments of every billed instance up to `now` (or its termination).
 
     Looks at instances still alive and those terminated since `since`; each is accrued
