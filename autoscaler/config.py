@@ -95,6 +95,11 @@ class PoolConfig(_Strict):
             "and its uid boundary."
         ),
     )
+    unused_cost: Literal["launcher", "shared"] = Field(
+        "launcher",
+        description="Who pays for a machine's time with free GPUs (boot, idle, fragmentation): the team whose "
+        "demand launched it, or the pool's `shared` line. Time a task holds GPUs is always its team's.",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> PoolConfig:

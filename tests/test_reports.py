@@ -10,9 +10,8 @@ import httpx
 from typer.testing import CliRunner
 
 from autoscaler.cli import _register, app
-from autoscaler.ledger.spend import month_to_date
-from autoscaler.reports.focus import COLUMNS, from_csv, total
-from autoscaler.reports.period import month_bounds
+from autoscaler.ledger.spend import accrue, month_to_date
+from autoscaler.reports.focus import COLUMNS, focus_row, from_csv, total
 from autoscaler.reports.spend import spend_lines
 from autoscaler.state.db import transaction
 from tests.conftest import LiveServer, issue_token
@@ -71,7 +70,7 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
     assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 and by_resource["i-a"]["ListUnitPrice"] == 1.25
     assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00+00:00"
     assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00+00:00"
-    assert json.loads(by_resource["i-c"]["Tags"]) == {"team": "nlp", "pool": "gpu-pool"}
+    assert json.loads(by_resource["i-c"]["Tags"]) == {"team": "nlp", "pool": "gpu-pool", "cost_kind": "unused"}
     assert (by_resource["i-c"]["x_Team"], by_resource["i-c"]["x_Pool"]) == ("nlp", "gpu-pool")
     assert all(r["BilledCost"] == r["EffectiveCost"] for r in rows)
 
@@ -89,16 +88,22 @@ def test_team_token_exports_only_its_team(live_server: LiveServer) -> None:
     assert body["total_usd"] == _ledger_total(live_server, "nlp") == 14.0
 
 
-def test_segment_straddling_months_is_prorated(live_server: LiveServer) -> None:
-    # 10 h from Mar 31 20:00 to Apr 1 06:00: 4 h in March, 6 h in April.
-    add_spend(
-        live_server.ctx, team="vision", start=datetime(2026, 3, 31, 20, tzinfo=UTC), hours=10, price=1.0
-    )
-    with transaction(live_server.ctx.sessions) as s:
-        march = spend_lines(s, *month_bounds("2026-03"))
-        april = spend_lines(s, *month_bounds("2026-04"))
-    assert [round(x.cost_usd, 9) for x in march] == [4.0] and [round(x.cost_usd, 9) for x in april] == [6.0]
-    assert march[0].end == datetime(2026, 4, 1, tzinfo=UTC) == april[0].start
+def test_ledger_splits_at_month_end_and_each_export_sums_to_its_month(live_server: LiveServer) -> None:
+    # The ledger cuts segments at month boundaries (the export no longer pro-rates):
+    # 10 h from Mar 31 20:00 to Apr 1 06:00 are 4 h in March and 6 h in April.
+    ctx = live_server.ctx
+    add_instance(ctx, team="vision", now=datetime(2026, 3, 31, 22, tzinfo=UTC), price=1.0)
+    with transaction(ctx.sessions) as s:
+        accrue(s, now=datetime(2026, 4, 1, 6, tzinfo=UTC))
+    with transaction(ctx.sessions) as s:
+        march = [focus_row(x) for x in spend_lines(s, "2026-03")]
+        april = [focus_row(x) for x in spend_lines(s, "2026-04")]
+        march_total = sum(month_to_date(s, MARCH).values())
+        april_total = sum(month_to_date(s, datetime(2026, 4, 1, tzinfo=UTC)).values())
+    assert [r["BilledCost"] for r in march] == [4.0] and [r["BilledCost"] for r in april] == [6.0]
+    assert total(march) == march_total and total(april) == april_total
+    assert march[0]["ChargePeriodEnd"] == "2026-04-01T00:00:00+00:00" == april[0]["ChargePeriodStart"]
+    assert march[0]["ConsumedQuantity"] == 4.0 and march[0]["x_CostKind"] == "unused"
 
 
 def test_spend_cli_formats_and_errors(live_server: LiveServer, admin_token: str) -> None:

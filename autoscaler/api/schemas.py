@@ -108,6 +108,21 @@ class TaskOut(Out):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # What the task cost so far, over all its attempts (the ledger's share of the
+    # machines it held, accrued each reconcile cycle).
+    cost_usd: float = 0.0
+    gpu_hours: float = 0.0
+
+
+class TaskAttemptOut(Out):
+    attempt: int
+    worker_id: str | None
+    instance_id: str | None
+    gpus: int
+    started_at: datetime
+    ended_at: datetime | None
+    cost_usd: float
+    gpu_hours: float
 
 
 class TaskEventOut(Out):
@@ -122,6 +137,7 @@ class TaskEventOut(Out):
 
 class TaskDetail(TaskOut):
     events: list[TaskEventOut]
+    attempt_costs: list[TaskAttemptOut] = []
 
 
 class LogChunkOut(Out):

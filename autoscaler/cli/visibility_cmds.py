@@ -17,8 +17,8 @@ from rich.table import Table
 from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, ServerOpt, TokenOpt, client, out, print_json
 from autoscaler.client import ApiClient
+from autoscaler.ledger.period import parse_month
 from autoscaler.reports.focus import to_csv
-from autoscaler.reports.period import month_bounds
 
 Format = Literal["table", "json", "csv"]
 
@@ -63,7 +63,7 @@ def spend(
 ) -> None:
     """A month's spend per instance segment: table, JSON, or CSV with FOCUS column names."""
     if month is not None:
-        month_bounds(month)  # a malformed month fails here, before any request
+        parse_month(month)  # a malformed month fails here, before any request
     report = client(server, token, home).get("/api/v1/reports/spend", month=month, team=team)
     if format == "table":
         out.print(_spend_table(report))

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.errors import Forbidden
-from autoscaler.ledger.spend import spend_report
+from autoscaler.ledger.spend import shared_pools, spend_report
 
 router = APIRouter(prefix="/api/v1", tags=["spend"])
 
@@ -46,7 +46,7 @@ def spend(
                 raise Forbidden(f"a token of team {principal.team!r} cannot read team {team!r}'s spend")
             team = principal.team
         now = ctx.clock.now()
-        rows = spend_report(s, now=now, month=month, team=team)
+        rows = spend_report(s, now=now, month=month, team=team, shared=shared_pools(ctx.config))
     label = rows[0].month if rows else (month or f"{now:%Y-%m}")
     return SpendOut(
         month=label,

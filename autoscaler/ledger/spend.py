@@ -1,69 +1,191 @@
-"""Spend segments and the arithmetic on them.
+"""The ledger: what every machine costs and who pays for it.
 
-A segment is one instance's billed time within one calendar month (UTC): hourly price
-x hours from the launch to the termination (or to now while it lives), boot and idle
-time included, because the cloud bills them too. Segments are split at month
-boundaries so that "spend in March" is a plain sum. An instance is charged to
-`Instance.team`, the team whose demand the planner launched it for; capacity kept for a
-pool's minimum belongs to no team and is charged to "shared".
+Attribution is exact, per second. While tasks hold a machine's GPUs (from lease to
+the end of the attempt: task states `leased` and `running`), each task's team pays for
+the GPUs it holds: a 2-GPU machine with one GPU leased by team B charges B half its
+price for that time. The rest of the machine's billed time (boot, idle, free GPUs
+next to a small task) is "unused" and charged to the team whose demand launched it
+(`Instance.team`), or to the pool-level "shared" line when the pool says
+`unused_cost: shared`; capacity launched for a pool's minimum has no team and is
+shared. A GPU-less machine has one task slot: a task on it holds the whole machine
+(several at once split it evenly). Tasks holding more GPUs than the machine has (a
+worker that reports more than the instance type) split the whole machine by GPUs held.
+
+Spend records are priced segments per (instance, team, month, kind), kind `usage` or
+`unused`, so a month's sum and a FOCUS export agree. `accrue` is incremental: each
+instance's segments are extended from where they end (its watermark) to now, using
+only the attempts overlapping that window, and each attempt's own cost is kept on its
+`task_attempts` row. The read functions serve everything that shows money: the policy
+input, the dashboard, `/metrics`, `GET /api/v1/spend`, the FOCUS export and the
+simulator's report.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import pairwise
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from autoscaler.errors import InvalidInput
-from autoscaler.state.models import Instance, SpendRecord
+from autoscaler.config import AutoscalerConfig
+from autoscaler.ledger.period import month_bounds, month_of, parse_month
+from autoscaler.reconciler.states import BILLED
+from autoscaler.state.models import UNUSED, USAGE, Instance, SpendRecord, TaskAttempt, Worker
 
 SHARED_TEAM = "shared"
-# Instance states in which the provider may still bill us.
-BILLED_STATES = ("launching", "booting", "ready", "draining", "terminating", "boot_timeout", "lost")
-_MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
-
-
-def month_bounds(at: datetime) -> tuple[datetime, datetime]:
-    """First instant of `at`'s month and of the next month (UTC)."""
-    at = at.astimezone(UTC)
-    start = datetime(at.year, at.month, 1, tzinfo=UTC)
-    end = datetime(at.year + (at.month == 12), at.month % 12 + 1, 1, tzinfo=UTC)
-    return start, end
-
-
-def parse_month(text: str) -> tuple[datetime, datetime]:
-    """`YYYY-MM` -> that month's bounds, or a one-line InvalidInput."""
-    m = _MONTH_RE.match(text.strip())
-    if not m or not 1 <= int(m.group(2)) <= 12 or int(m.group(1)) < 1970:
-        raise InvalidInput(f"month {text!r} is not in the form YYYY-MM (for example 2026-03)")
-    return month_bounds(datetime(int(m.group(1)), int(m.group(2)), 1, tzinfo=UTC))
-
-
-def _months(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
-    """[start, end) cut at month boundaries."""
-    cur = start
-    while cur < end:
-        _, nxt = month_bounds(cur)
-        yield cur, min(nxt, end)
-        cur = nxt
+# Instance states in which the provider may still bill us: the burn rate counts these.
+BILLED_STATES = tuple(sorted(s.value for s in BILLED))
+_CHUNK = 500
 
 
 def cost(hourly_price: float, start: datetime, end: datetime) -> float:
     return max((end - start).total_seconds(), 0.0) / 3600.0 * hourly_price
 
 
-def accrue(session: Session, *, now: datetime, since: datetime | None = None) -> int:
+def shared_pools(config: AutoscalerConfig) -> frozenset[str]:
+    """Pools whose unused capacity is charged to "shared" (`unused_cost: shared`)."""
+    return frozenset(p.name for p in config.pools if p.unused_cost == "shared")
+
+
+def unused_team(inst: Instance, shared: Collection[str]) -> str:
+    """Who pays for a machine's free capacity."""
+    if inst.team is None or inst.pool in shared:
+        return SHARED_TEAM
+    return inst.team
+
+
+# ---------------------------------------------------------------------- splitting
+
+
+@dataclass
+class _Share:
+    """What one holder (an attempt, or the unused line) is charged over a window."""
+
+    machine_hours: float = 0.0
+    gpu_hours: float = 0.0
+
+
+def _weight(inst_gpus: int, attempt_gpus: int) -> float:
+    return float(attempt_gpus) if inst_gpus > 0 else 1.0
+
+
+def split(
+    inst_gpus: int, holds: Sequence[tuple[datetime, datetime, int]], start: datetime, end: datetime
+) -> tuple[list[_Share], _Share]:
+    """Split [start, end) of one machine among `holds` ((from, to, gpus), clipped to
+    the window here) and the unused remainder: machine-hours and GPU-hours of each."""
+    capacity = float(inst_gpus) if inst_gpus > 0 else 1.0
+    clipped = [(max(a, start), min(b, end), _weight(inst_gpus, g)) for a, b, g in holds]
+    shares = [_Share() for _ in holds]
+    unused = _Share()
+    points = sorted({start, end, *(a for a, b, _ in clipped if a < b), *(b for a, b, _ in clipped if a < b)})
+    # A sweep: which holds are active in each elementary interval.
+    opens: dict[datetime, list[int]] = defaultdict(list)
+    closes: dict[datetime, list[int]] = defaultdict(list)
+    for i, (a, b, _) in enumerate(clipped):
+        if a < b:
+            opens[a].append(i)
+            closes[b].append(i)
+    active: set[int] = set()
+    for p, q in pairwise(points):
+        active.difference_update(closes.get(p, ()))
+        active.update(opens.get(p, ()))
+        hours = (q - p).total_seconds() / 3600.0
+        if hours <= 0:
+            continue
+        held = sum(clipped[i][2] for i in active)
+        denom = max(capacity, held)
+        for i in active:
+            part = clipped[i][2] / denom
+            shares[i].machine_hours += part * hours
+            if inst_gpus > 0:
+                shares[i].gpu_hours += part * inst_gpus * hours
+        free = max(0.0, 1.0 - held / capacity)
+        unused.machine_hours += free * hours
+        unused.gpu_hours += free * inst_gpus * hours
+    return shares, unused
+
+
+# ---------------------------------------------------------------------- accrual
+
+
+def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield list(items[i : i + _CHUNK])
+
+
+def _resolve(session: Session, attempts: Sequence[TaskAttempt]) -> dict[int, str | None]:
+    """attempt row id -> the instance its worker runs on, for attempts whose worker was
+    not linked when they opened (three batched queries, whatever their number). Reads
+    only: the caller decides whether to write the answer."""
+    wids = sorted({a.worker_id for a in attempts if a.worker_id})
+    if not wids:
+        return {}
+    workers = {w.id: w for ch in _chunks(wids) for w in session.scalars(select(Worker).where(Worker.id.in_(ch)))}
+    by_worker: dict[str, str] = {}
+    for ch in _chunks(wids):
+        for iid, wid in session.execute(select(Instance.id, Instance.worker_id).where(Instance.worker_id.in_(ch))):
+            by_worker[str(wid)] = iid
+    pids = sorted({w.instance_id for w in workers.values()})
+    by_pid: dict[tuple[str, str | None], str] = {}
+    for ch in _chunks(pids):
+        stmt = (
+            select(Instance.id, Instance.pool, Instance.provider_instance_id)
+            .where(Instance.provider_instance_id.in_(ch))
+            .order_by(Instance.created_at, Instance.id)
+        )
+        for iid, pool, pid in session.execute(stmt):
+            by_pid[(pool, pid)] = iid  # the latest launch wins
+    out: dict[int, str | None] = {}
+    for a in attempts:
+        if a.worker_id is None:
+            continue
+        w = workers.get(a.worker_id)
+        found = by_pid.get((w.pool, w.instance_id)) if w is not None else None
+        out[a.id] = found or by_worker.get(a.worker_id)
+    return out
+
+
+def _group(
+    session: Session, instance_ids: Sequence[str], conditions: Sequence[Any], *, write: bool
+) -> dict[str, list[TaskAttempt]]:
+    """Attempts matching `conditions` on these instances, by instance id; attempts not
+    yet linked to an instance are resolved (and, with `write`, linked for good)."""
+    loose = list(session.scalars(select(TaskAttempt).where(TaskAttempt.instance_id.is_(None), *conditions)))
+    resolved = _resolve(session, loose) if loose else {}
+    out: dict[str, list[TaskAttempt]] = defaultdict(list)
+    for ch in _chunks(instance_ids):
+        stmt = select(TaskAttempt).where(TaskAttempt.instance_id.in_(ch), *conditions).order_by(TaskAttempt.id)
+        for a in session.scalars(stmt):
+            assert a.instance_id is not None
+            out[a.instance_id].append(a)
+    wanted = set(instance_ids)
+    for a in loose:
+        iid = resolved.get(a.id)
+        if iid is None:
+            continue
+        if write:
+            a.instance_id = iid
+        if iid in wanted:
+            out[iid].append(a)
+    return out
+
+
+def accrue(session: Session, *, now: datetime, since: datetime | None = None, shared: Collection[str] = ()) -> int:
     """Bring the segments of every billed instance up to `now` (or its termination).
 
-    Looks at instances still alive and those terminated since `since`, in two queries.
-    The caller passes its previous accrual time; without one (first cycle after a start)
-    the cutoff is the start of the previous month, so an instance that ended just before
-    a month boundary while nothing accrued is still charged. Returns segments written.
+    Looks at instances still alive and those terminated since `since`; each is accrued
+    from its watermark (the end of its latest segment) to now, using the attempts that
+    overlap that window, so a cycle costs what changed since the last one, not history.
+    Without `since` (first cycle after a start) the cutoff is the start of the previous
+    month, so an instance that ended just before a month boundary while nothing accrued
+    is still charged. `shared`: pools whose unused capacity goes to "shared". Returns
+    the number of segments written or extended.
     """
     cutoff = since or month_bounds(month_bounds(now)[0] - timedelta(seconds=1))[0]
     instances = list(
@@ -76,40 +198,95 @@ def accrue(session: Session, *, now: datetime, since: datetime | None = None) ->
     )
     if not instances:
         return 0
-    existing: dict[tuple[str, datetime], SpendRecord] = {}
-    for i in range(0, len(instances), 500):
-        ids = [inst.id for inst in instances[i : i + 500]]
-        for seg in session.scalars(select(SpendRecord).where(SpendRecord.instance_id.in_(ids))):
-            existing[(seg.instance_id, month_bounds(seg.start)[0])] = seg
-    written = 0
+    ids = [inst.id for inst in instances]
+    marks: dict[str, datetime] = {}
+    for ch in _chunks(ids):
+        stmt = (
+            select(SpendRecord.instance_id, func.max(SpendRecord.end))
+            .where(SpendRecord.instance_id.in_(ch))
+            .group_by(SpendRecord.instance_id)
+        )
+        for iid, end in session.execute(stmt):
+            marks[iid] = end
+    windows: dict[str, tuple[Instance, datetime, datetime]] = {}
     for inst in instances:
         assert inst.launched_at is not None
-        end = min(inst.terminated_at or now, now)
-        for seg_start, seg_end in _months(inst.launched_at, end):
-            key = (inst.id, month_bounds(seg_start)[0])
-            rec = existing.get(key)
-            amount = cost(inst.hourly_price, seg_start, seg_end)
-            if rec is None:
-                session.add(
-                    SpendRecord(
-                        instance_id=inst.id,
-                        team=inst.team or SHARED_TEAM,
+        lo = max(marks.get(inst.id, inst.launched_at), inst.launched_at)
+        hi = min(inst.terminated_at or now, now)
+        if hi > lo:
+            windows[inst.id] = (inst, lo, hi)
+    if not windows:
+        return 0
+    lo_all = min(w[1] for w in windows.values())
+    hi_all = max(w[2] for w in windows.values())
+    todo = sorted(windows)
+    overlapping = (
+        or_(TaskAttempt.ended_at.is_(None), TaskAttempt.ended_at > lo_all),
+        TaskAttempt.started_at < hi_all,
+    )
+    attempts = _group(session, todo, overlapping, write=True)
+    existing: dict[tuple[str, datetime, str, str], SpendRecord] = {}
+    first_month = month_bounds(lo_all)[0]
+    for ch in _chunks(todo):
+        recs = select(SpendRecord).where(SpendRecord.instance_id.in_(ch), SpendRecord.start >= first_month)
+        for rec in session.scalars(recs):
+            existing[(rec.instance_id, month_bounds(rec.start)[0], rec.team, rec.kind)] = rec
+    written = 0
+    for iid in todo:
+        inst, lo, hi = windows[iid]
+        mine = attempts.get(iid, [])
+        holds = [(a.started_at, a.ended_at or now, a.gpus) for a in mine]
+        cur = lo
+        while cur < hi:
+            month_start, nxt = month_bounds(cur)
+            seg_end = min(nxt, hi)
+            shares, unused = split(inst.gpus, holds, cur, seg_end)
+            lines: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+            for a, share in zip(mine, shares, strict=True):
+                if share.machine_hours <= 0:
+                    continue
+                usd = share.machine_hours * inst.hourly_price
+                a.cost_usd += usd
+                a.gpu_hours += share.gpu_hours
+                line = lines[(a.team, USAGE)]
+                line[0] += share.machine_hours
+                line[1] += share.gpu_hours
+            if unused.machine_hours > 0 or not lines:
+                line = lines[(unused_team(inst, shared), UNUSED)]
+                line[0] += unused.machine_hours
+                line[1] += unused.gpu_hours
+            for (team, kind), (hours, gpu_hours) in lines.items():
+                key = (iid, month_start, team, kind)
+                found = existing.get(key)
+                if found is None:
+                    found = SpendRecord(
+                        instance_id=iid,
+                        team=team,
                         pool=inst.pool,
                         provider=inst.provider,
                         region=inst.region,
                         instance_type=inst.instance_type,
                         capacity_type=inst.capacity_type,
-                        start=seg_start,
+                        kind=kind,
+                        start=cur,
                         end=seg_end,
                         hourly_price=inst.hourly_price,
-                        cost_usd=amount,
+                        cost_usd=0.0,
+                        hours=0.0,
+                        gpu_hours=0.0,
                     )
-                )
+                    session.add(found)
+                    existing[key] = found
+                found.hours += hours
+                found.gpu_hours += gpu_hours
+                found.cost_usd += hours * inst.hourly_price
+                found.end = max(found.end, seg_end)
                 written += 1
-            elif rec.end != seg_end:
-                rec.end, rec.cost_usd = seg_end, amount
-                written += 1
+            cur = seg_end
     return written
+
+
+# ---------------------------------------------------------------------- reading
 
 
 def month_to_date(session: Session, month: datetime, team: str | None = None) -> dict[str, float]:
@@ -125,16 +302,44 @@ def month_to_date(session: Session, month: datetime, team: str | None = None) ->
     return {t: float(v or 0.0) for t, v in session.execute(stmt)}
 
 
-def burn_rate(session: Session, team: str | None = None) -> dict[str, float]:
-    """USD/h of capacity billed right now, per team."""
-    stmt = (
-        select(Instance.team, func.sum(Instance.hourly_price))
-        .where(Instance.state.in_(BILLED_STATES), Instance.launched_at.is_not(None))
-        .group_by(Instance.team)
+def by_month(session: Session, team: str | None = None) -> dict[str, dict[str, float]]:
+    """team -> {YYYY-MM: USD} over every accrued month."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    stmt = select(SpendRecord.team, SpendRecord.start, SpendRecord.cost_usd)
+    if team:
+        stmt = stmt.where(SpendRecord.team == team)
+    for t, start, usd in session.execute(stmt):
+        out[t][month_of(start)] += float(usd)
+    return {t: dict(m) for t, m in out.items()}
+
+
+def burn_rate(session: Session, team: str | None = None, *, shared: Collection[str] = ()) -> dict[str, float]:
+    """USD/h billed right now, per team, under the same attribution as `accrue`: each
+    live billed machine's price split by the GPUs its tasks hold now, the rest to the
+    launching team (or "shared")."""
+    live = list(
+        session.scalars(
+            select(Instance).where(
+                Instance.state.in_(BILLED_STATES),
+                Instance.launched_at.is_not(None),
+                Instance.terminated_at.is_(None),
+            )
+        )
     )
     out: dict[str, float] = defaultdict(float)
-    for t, v in session.execute(stmt):
-        out[t or SHARED_TEAM] += float(v or 0.0)
+    if live:
+        held = _group(session, [i.id for i in live], (TaskAttempt.ended_at.is_(None),), write=False)
+        for inst in live:
+            mine = held.get(inst.id, [])
+            capacity = float(inst.gpus) if inst.gpus > 0 else 1.0
+            weights = [(a.team, _weight(inst.gpus, a.gpus)) for a in mine]
+            total = sum(w for _, w in weights)
+            denom = max(capacity, total)
+            for t, w in weights:
+                out[t] += inst.hourly_price * w / denom
+            free = max(0.0, 1.0 - total / capacity)
+            if free > 0 or not weights:
+                out[unused_team(inst, shared)] += inst.hourly_price * free
     if team:
         return {team: out.get(team, 0.0)}
     return dict(out)
@@ -155,24 +360,64 @@ class TeamSpend:
     forecast_usd: float
 
 
+@dataclass(frozen=True)
+class Figures:
+    """One month's money per team, computed once and shown everywhere."""
+
+    month: str
+    start: datetime
+    end: datetime
+    current: bool
+    month_to_date: dict[str, float] = field(default_factory=dict)
+    burn: dict[str, float] = field(default_factory=dict)
+
+    def forecast(self, team: str, now: datetime) -> float:
+        spent = self.month_to_date.get(team, 0.0)
+        return forecast(spent, self.burn.get(team, 0.0), now, self.end) if self.current else spent
+
+    def teams(self) -> list[str]:
+        return sorted(set(self.month_to_date) | {t for t, v in self.burn.items() if v > 0})
+
+
+def figures(
+    session: Session,
+    *,
+    now: datetime,
+    month: str | None = None,
+    team: str | None = None,
+    shared: Collection[str] = (),
+) -> Figures:
+    """Month-to-date and (for the current month) burn per team."""
+    start, end = parse_month(month) if month else month_bounds(now)
+    current = start <= now < end
+    return Figures(
+        month=f"{start:%Y-%m}",
+        start=start,
+        end=end,
+        current=current,
+        month_to_date=month_to_date(session, start, team),
+        burn=burn_rate(session, team, shared=shared) if current else {},
+    )
+
+
 def spend_report(
-    session: Session, *, now: datetime, month: str | None = None, team: str | None = None
+    session: Session,
+    *,
+    now: datetime,
+    month: str | None = None,
+    team: str | None = None,
+    shared: Collection[str] = (),
 ) -> list[TeamSpend]:
     """Per team: month-to-date, burn rate and forecast. A past month's forecast is its total."""
-    start, end = parse_month(month) if month else month_bounds(now)
-    mtd = month_to_date(session, start, team)
-    current = start <= now < end
-    burn = burn_rate(session, team) if current else {}
-    teams = sorted(set(mtd) | {t for t, v in burn.items() if v > 0} | ({team} if team else set()))
+    fig = figures(session, now=now, month=month, team=team, shared=shared)
+    teams = sorted(set(fig.teams()) | ({team} if team else set()))
     return [
         TeamSpend(
             team=t,
-            month=f"{start:%Y-%m}",
-            month_to_date_usd=round(mtd.get(t, 0.0), 4),
-            burn_rate_usd_per_hour=round(burn.get(t, 0.0), 4),
-            forecast_usd=round(
-                forecast(mtd.get(t, 0.0), burn.get(t, 0.0), now, end) if current else mtd.get(t, 0.0), 4
-            ),
+            month=fig.month,
+            month_to_date_usd=round(fig.month_to_date.get(t, 0.0), 4),
+            burn_rate_usd_per_hour=round(fig.burn.get(t, 0.0), 4),
+            forecast_usd=round(fig.forecast(t, now), 4),
         )
         for t in teams
     ]

@@ -115,7 +115,9 @@ def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
         "autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"]
     )
     burn = GaugeMetricFamily(
-        "autoscaler_team_burn_usd_per_hour", "Hourly price of the team's live capacity.", labels=["team"]
+        "autoscaler_team_burn_usd_per_hour",
+        "USD per hour billed to the team now: its tasks' share of machines plus free capacity it launched.",
+        labels=["team"],
     )
     forecast = GaugeMetricFamily(
         "autoscaler_team_spend_forecast_usd", "Month-end spend forecast per team (USD).", labels=["team"]

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.errors import Forbidden
+from autoscaler.ledger import shared_pools
 from autoscaler.metrics.collector import SnapshotCollector, snapshot_families
 from autoscaler.metrics.instruments import PROCESS_REGISTRY
 from autoscaler.reports.budgets import team_budgets
@@ -36,6 +37,7 @@ def metrics(auth: Auth, ctx: Ctx) -> Response:
             budgets=team_budgets(ctx.config),
             teams=[t.name for t in ctx.config.teams],
             only_team=team,
+            shared=shared_pools(ctx.config),
         )
         families = snapshot_families(s, now=now, spend=spend, team=team)
     registry = CollectorRegistry(auto_describe=False)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from autoscaler.ledger.period import hours_between, month_bounds
 from autoscaler.policy.bundle import PolicyBundle, entrypoint
 from autoscaler.policy.isolation import EngineUnavailable, IsolatedRego
 from autoscaler.policy.problems import Problem
@@ -51,10 +52,8 @@ def input_digest(doc: dict[str, Any]) -> str:
 
 def billing_period(now: datetime) -> tuple[datetime, datetime, float]:
     """Budget month = calendar month, UTC: (start, end, hours left)."""
-    now = now.astimezone(UTC)
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, end, max(0.0, (end - now).total_seconds() / 3600)
+    start, end = month_bounds(now)
+    return start, end, hours_between(now.astimezone(UTC), end)
 
 
 def to_decision(value: Any, team_names: list[str]) -> Decision:

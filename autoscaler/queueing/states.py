@@ -12,6 +12,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from autoscaler.errors import Conflict
+from autoscaler.ledger.attempts import close_attempt, open_attempt
 from autoscaler.state.models import Task, TaskEvent
 
 
@@ -72,7 +73,10 @@ def transition(
     now: datetime,
     detail: str = "",
 ) -> None:
-    """Move `task` to `to`, or raise Conflict if the table forbids it."""
+    """Move `task` to `to`, or raise Conflict if the table forbids it.
+
+    Also keeps the ledger's attempts: entering `leased` opens one (the task holds its
+    GPUs from here), leaving `leased`/`running` closes it."""
     current = TaskState(task.state)
     if to not in TRANSITIONS[current]:
         raise Conflict(f"task {task.id} is {current.value}; it cannot become {to.value}")
@@ -88,5 +92,9 @@ def transition(
             detail=detail[:2000],
         )
     )
+    if current in ACTIVE and to not in ACTIVE:
+        close_attempt(session, task, now=now)
     task.state = to.value
     task.updated_at = now
+    if to == TaskState.LEASED:
+        open_attempt(session, task, now=now)

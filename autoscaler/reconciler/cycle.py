@@ -42,6 +42,7 @@ from autoscaler.admission.model import admissions
 from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
+from autoscaler.ledger.spend import shared_pools
 from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
@@ -206,6 +207,7 @@ class Reconciler:
                 history=history,
                 accrue_since=self._last_accrual,
                 detail=self.record_detail,
+                shared=shared_pools(self.config),
             )
         if history:
             self._last_history = now

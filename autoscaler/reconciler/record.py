@@ -9,6 +9,7 @@ was planned and done, and why in plain words), history points for charts, and sp
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,7 @@ def record_cycle(
     history: bool,
     accrue_since: datetime | None,
     detail: bool = True,
+    shared: Collection[str] = (),
 ) -> int:
     """Write the cycle's decision row (and history points when `history`).
 
@@ -142,7 +144,7 @@ def record_cycle(
     explanation sentences, which cost more to build than the rest of the record. Spend
     is accrued either way: the ledger feeds the next cycle's policy input.
     """
-    accrue(s, now=now, since=accrue_since)
+    accrue(s, now=now, since=accrue_since, shared=shared)
     summary: dict[str, Any] = {
         **(snap.summary() if detail else {}),
         "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},

@@ -17,7 +17,8 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.config import AutoscalerConfig
-from autoscaler.ledger.spend import burn_rate, month_bounds, month_to_date
+from autoscaler.ledger.period import month_bounds
+from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
 from autoscaler.planner.model import (
     DemandGroup,
     InstanceView,
@@ -275,7 +276,7 @@ def observe(
         running_gpus=dict(running_gpus),
         running_by_queue=dict(running_by_queue),
         month_to_date=month_to_date(session, now),
-        burn=burn_rate(session),
+        burn=burn_rate(session, shared=shared_pools(config)),
         pending_gpus=dict(pending),
     )
 

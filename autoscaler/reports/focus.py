@@ -36,12 +36,16 @@ COLUMNS = [
     "x_Team",
     "x_Pool",
     "x_CapacityType",
+    "x_CostKind",
+    "x_GpuHours",
 ]
 
 
 @dataclass(frozen=True)
 class SpendLine:
-    """One priced segment of an instance's life, clipped to the reported period."""
+    """One priced segment: an instance's cost in one month charged to one team, for
+    the GPUs its tasks held (`kind="usage"`) or for free capacity (`kind="unused"`).
+    `hours` is the machine-hours charged (the segment's cost at the hourly price)."""
 
     instance_id: str
     team: str
@@ -50,14 +54,13 @@ class SpendLine:
     region: str | None
     instance_type: str
     capacity_type: str
+    kind: str
     start: datetime
     end: datetime
     hourly_price: float
     cost_usd: float
-
-    @property
-    def hours(self) -> float:
-        return max(0.0, (self.end - self.start).total_seconds() / 3600.0)
+    hours: float
+    gpu_hours: float
 
 
 def focus_row(line: SpendLine) -> dict[str, Any]:
@@ -81,10 +84,12 @@ def focus_row(line: SpendLine) -> dict[str, Any]:
         "ConsumedQuantity": round(line.hours, 6),
         "ConsumedUnit": "Hours",
         "ListUnitPrice": line.hourly_price,
-        "Tags": json.dumps({"team": line.team, "pool": line.pool}, sort_keys=True),
+        "Tags": json.dumps({"team": line.team, "pool": line.pool, "cost_kind": line.kind}, sort_keys=True),
         "x_Team": line.team,
         "x_Pool": line.pool,
         "x_CapacityType": line.capacity_type,
+        "x_CostKind": line.kind,
+        "x_GpuHours": round(line.gpu_hours, 6),
     }
 
 
@@ -100,7 +105,7 @@ def to_csv(rows: Iterable[dict[str, Any]]) -> str:
 def from_csv(text: str) -> list[dict[str, Any]]:
     """Read an export back, with the numeric columns as floats."""
     rows = list(csv.DictReader(io.StringIO(text)))
-    numeric = ("BilledCost", "EffectiveCost", "ConsumedQuantity", "ListUnitPrice")
+    numeric = ("BilledCost", "EffectiveCost", "ConsumedQuantity", "ListUnitPrice", "x_GpuHours")
     return [{k: float(v) if k in numeric else v for k, v in row.items()} for row in rows]
 
 

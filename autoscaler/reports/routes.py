@@ -13,8 +13,8 @@ from fastapi.responses import PlainTextResponse
 
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.errors import Forbidden
+from autoscaler.ledger.period import month_of, parse_month
 from autoscaler.reports.focus import focus_row, to_csv, total
-from autoscaler.reports.period import month_bounds, month_of
 from autoscaler.reports.spend import spend_lines
 
 router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
@@ -41,13 +41,13 @@ def spend_report(
     format: Literal["json", "csv"] = "json",
 ) -> dict[str, Any] | PlainTextResponse:
     month = month or month_of(ctx.clock.now())
-    start, end = month_bounds(month)
+    parse_month(month)  # a malformed month is refused before any query
     with tx(ctx) as s:
         principal = auth.user(s)
         if not principal.is_admin and not principal.team:
             raise Forbidden("this team token names no team")
         scope = team if principal.is_admin else principal.team
-        rows = [focus_row(line) for line in spend_lines(s, start, end, team=scope)]
+        rows = [focus_row(line) for line in spend_lines(s, month, team=scope)]
     if format == "csv":
         return PlainTextResponse(
             to_csv(rows),

@@ -1,60 +1,51 @@
-"""Spend read models: segments clipped to a period, and per-team month-to-date,
-burn rate, forecast and budget use.
+"""Spend read models for people: a month's segments as export lines, and per-team
+month-to-date, burn rate and forecast next to the budget and the policy's alert.
 
-Segments come from the ledger's `spend_records`. A segment that straddles a period
-boundary is pro-rated by time, so months add up to the whole and an export of a
-month sums to that month's ledger total.
+Every figure comes from the ledger (`autoscaler.ledger`), which alone attributes and
+sums money; this module only shapes it for the dashboard, `/metrics` and the FOCUS
+export.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.ledger import figures, segments
 from autoscaler.reports.focus import SpendLine
-from autoscaler.reports.period import hours_between, month_bounds, month_of
-from autoscaler.state.models import DecisionRecord, Instance, SpendRecord
+from autoscaler.state.models import DecisionRecord
 
-# Instances that are costing money now (the burn rate), as the ledger charges them.
-BILLED_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
 Level = Literal["ok", "info", "warning", "critical"]
 # Budget thresholds (share of the monthly budget) matching the policy's default alerts.
 THRESHOLDS: tuple[tuple[float, Level], ...] = ((1.0, "critical"), (0.8, "warning"), (0.5, "info"))
 
 
-def spend_lines(session: Session, start: datetime, end: datetime, team: str | None = None) -> list[SpendLine]:
-    stmt = (
-        select(SpendRecord)
-        .where(SpendRecord.start < end, SpendRecord.end > start)
-        .order_by(SpendRecord.start, SpendRecord.id)
-    )
-    if team is not None:
-        stmt = stmt.where(SpendRecord.team == team)
-    lines = []
-    for r in session.scalars(stmt):
-        lo, hi = max(r.start, start), min(r.end, end)
-        whole = (r.end - r.start).total_seconds()
-        share = (hi - lo).total_seconds() / whole if whole > 0 else 1.0
-        lines.append(
-            SpendLine(
-                instance_id=r.instance_id,
-                team=r.team,
-                pool=r.pool,
-                provider=r.provider,
-                region=r.region,
-                instance_type=r.instance_type,
-                capacity_type=r.capacity_type,
-                start=lo,
-                end=hi,
-                hourly_price=r.hourly_price,
-                cost_usd=r.cost_usd * share,
-            )
+def spend_lines(session: Session, month: str, team: str | None = None) -> list[SpendLine]:
+    """The ledger's segments of `month` (YYYY-MM), as export lines."""
+    return [
+        SpendLine(
+            instance_id=r.instance_id,
+            team=r.team,
+            pool=r.pool,
+            provider=r.provider,
+            region=r.region,
+            instance_type=r.instance_type,
+            capacity_type=r.capacity_type,
+            kind=r.kind,
+            start=r.start,
+            end=r.end,
+            hourly_price=r.hourly_price,
+            cost_usd=r.cost_usd,
+            hours=r.hours,
+            gpu_hours=r.gpu_hours,
         )
-    return lines
+        for r in segments(session, month, team)
+    ]
 
 
 @dataclass(frozen=True)
@@ -112,27 +103,15 @@ def team_spend(
     budgets: dict[str, float],
     teams: list[str],
     only_team: str | None = None,
+    shared: Collection[str] = (),
 ) -> list[TeamSpend]:
     """Month-to-date, burn, forecast and budget use for each team (or just `only_team`)."""
-    start, end = month_bounds(month_of(now))
-    mtd: dict[str, float] = {}
-    for line in spend_lines(session, start, min(end, now), team=only_team):
-        mtd[line.team] = mtd.get(line.team, 0.0) + line.cost_usd
-    burn_stmt = (
-        select(Instance.team, func.sum(Instance.hourly_price))
-        .where(Instance.state.in_(BILLED_STATES), Instance.team.is_not(None))
-        .group_by(Instance.team)
-    )
-    if only_team is not None:
-        burn_stmt = burn_stmt.where(Instance.team == only_team)
-    burn = {str(t): float(v or 0.0) for t, v in session.execute(burn_stmt)}
+    fig = figures(session, now=now, team=only_team, shared=shared)
     alerts = latest_alerts(session)
-    hours_left = hours_between(now, end)
-    names = [only_team] if only_team is not None else sorted({*teams, *budgets, *mtd, *burn})
+    names = [only_team] if only_team is not None else sorted({*teams, *budgets, *fig.teams()})
     out = []
     for team in names:
-        spent = mtd.get(team, 0.0)
-        forecast = spent + burn.get(team, 0.0) * hours_left
+        spent = fig.month_to_date.get(team, 0.0)
         budget = budgets.get(team)
         alert = alerts.get(team)
         # The policy's own alert wins; without one (no cycle yet) use its default thresholds.
@@ -141,8 +120,8 @@ def team_spend(
             TeamSpend(
                 team=team,
                 month_to_date_usd=spent,
-                burn_usd_per_hour=burn.get(team, 0.0),
-                forecast_usd=forecast,
+                burn_usd_per_hour=fig.burn.get(team, 0.0),
+                forecast_usd=fig.forecast(team, now),
                 budget_usd=budget,
                 level=level,
                 alert=str(alert["message"]) if alert and alert.get("message") else None,

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig, PoolConfig
+from autoscaler.ledger.period import month_bounds
 from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.provisioning import catalog_offerings
 from autoscaler.queueing import tasks as task_ops
@@ -680,8 +681,7 @@ def kept_s(ran_s: float, every_s: float | None, *, told_to_stop: bool) -> float:
 
 def _month_turn_s(start: datetime, now_s: float) -> float:
     """Virtual seconds at the first instant of the next calendar month (UTC)."""
-    now = start + timedelta(seconds=now_s)
-    nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
+    _, nxt = month_bounds(start + timedelta(seconds=now_s))
     return (nxt - start).total_seconds()
 
 

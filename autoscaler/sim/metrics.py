@@ -6,17 +6,18 @@ waits, counts) plus what only a policy-driven loop has: budget adherence per tea
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from autoscaler.ledger.spend import month_bounds
+from autoscaler.ledger import accrue, by_month, shared_pools
 from autoscaler.policy.bundle import shipped_policy_dir
 from autoscaler.sim.budgets import read_budgets
 from autoscaler.sim.engine import SimOutcome
 from autoscaler.sim.summary import Span, TaskResult, summarize
+from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance
 
 
@@ -41,25 +42,21 @@ def spans(outcome: SimOutcome) -> list[Span]:
     return out
 
 
-def _utc(dt: Any) -> Any:
-    from datetime import UTC
-
+def _utc(dt: datetime) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
-def monthly_spend(outcome: SimOutcome, span_list: list[Span]) -> dict[str, dict[str, float]]:
-    """team -> {YYYY-MM: USD}, each span cut at calendar month boundaries."""
-    start = outcome.settings.start
-    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for sp in span_list:
-        a, b = start + timedelta(seconds=sp.start_s), start + timedelta(seconds=sp.end_s)
-        cur = a
-        while cur < b:
-            _, nxt = month_bounds(cur)
-            end = min(nxt, b)
-            out[sp.team][f"{cur:%Y-%m}"] += sp.price * (end - cur).total_seconds() / 3600.0
-            cur = end
-    return {t: dict(m) for t, m in out.items()}
+def monthly_spend(outcome: SimOutcome) -> dict[str, dict[str, float]]:
+    """team -> {YYYY-MM: USD}, from the ledger itself (the code path that feeds the
+    policy, the dashboard and `/metrics`), accrued up to the end of the run: each
+    machine's cost split among the teams whose tasks held its GPUs, the rest to the
+    launching team or "shared"."""
+    end = outcome.settings.start + timedelta(seconds=outcome.end_s)
+    with transaction(outcome.sessions) as s:
+        # From the run's start: a one-off at the end, so every machine of the run is
+        # brought up to its end (cycles accrued all but the last stretch already).
+        accrue(s, now=end, since=outcome.settings.start, shared=shared_pools(outcome.config))
+        return by_month(s)
 
 
 def alert_sequence(outcome: SimOutcome) -> list[dict[str, Any]]:
@@ -109,8 +106,9 @@ def ours(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         "cycles": len(outcome.cycles),
         "failed_tasks": sum(1 for t in outcome.tasks.values() if t.state == "failed"),
     }
-    report = summarize(task_results, span_list, used_gpu_s=used, lost_usd=lost, counts=counts)
-    monthly = monthly_spend(outcome, span_list)
+    monthly = monthly_spend(outcome)
+    team_costs = {t: sum(m.values()) for t, m in monthly.items()}
+    report = summarize(task_results, span_list, used_gpu_s=used, lost_usd=lost, counts=counts, team_costs=team_costs)
     limits = budgets(policy_dir)
     frozen = frozen_seconds(outcome)
     weights = outcome.cycles[-1].weights if outcome.cycles else {}

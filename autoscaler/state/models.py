@@ -250,7 +250,8 @@ class Instance(Base):
     state: Mapped[str] = mapped_column(String(16), default="requested", index=True)
     team: Mapped[str | None] = mapped_column(String(64))
     hourly_price: Mapped[float] = mapped_column(Float, default=0.0)
-    worker_id: Mapped[str | None] = mapped_column(String(32))
+    # Indexed: a lease looks up the machine its worker runs on (the ledger's attribution).
+    worker_id: Mapped[str | None] = mapped_column(String(32), index=True)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -286,8 +287,37 @@ class DecisionRecord(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
+class TaskAttempt(Base):
+    """Which machine a task held, and when: one row per attempt, from its lease to its end.
+
+    Opened when the task enters `leased` and closed when it leaves `leased`/`running`
+    (both in `queueing.states.transition`). The ledger charges each attempt its share of
+    the machine's price for that time and keeps the running total here."""
+
+    __tablename__ = "task_attempts"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    team: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    # Resolved from the worker when the attempt opens, or by the ledger later.
+    instance_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None] = mapped_column(index=True)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+# `SpendRecord.kind`: time a task held (part of) the machine, or time with free capacity.
+USAGE, UNUSED = "usage", "unused"
+
+
 class SpendRecord(Base):
-    """A priced segment of one instance's life, charged to the team that caused the launch."""
+    """A priced segment: one instance's cost within one month charged to one team, either
+    for the GPUs its tasks held (`kind="usage"`) or for the machine's free capacity
+    (`kind="unused"`, charged to the launching team or to "shared"). `start`/`end` span
+    the time the segment covers; `hours` is the machine-hours charged (cost / price)."""
 
     __tablename__ = "spend_records"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -302,6 +332,9 @@ class SpendRecord(Base):
     end: Mapped[datetime]
     hourly_price: Mapped[float] = mapped_column(Float)
     cost_usd: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(8), default=UNUSED, server_default=UNUSED)
+    hours: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    gpu_hours: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class OfferingBlock(Base):

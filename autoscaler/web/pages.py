@@ -22,6 +22,7 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Ctx, tx
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
+from autoscaler.ledger import shared_pools
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
@@ -73,6 +74,7 @@ def _spend(ctx: AppContext, s: Session, team: str | None) -> list[TeamSpend]:
         budgets=team_budgets(ctx.config),
         teams=[t.name for t in ctx.config.teams],
         only_team=team,
+        shared=shared_pools(ctx.config),
     )
 
 

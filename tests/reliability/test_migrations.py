@@ -88,8 +88,10 @@ def test_each_revision_steps_down_and_up_with_data(empty_engine: Engine) -> None
     for rev in revisions:
         if rev.down_revision is None:
             continue  # the initial revision's downgrade drops every table by design
-        downgrade(empty_engine, "-1")
-        upgrade(empty_engine, rev.revision)
+        # Below this revision and back to the head: every table the head has keeps its rows.
+        assert isinstance(rev.down_revision, str)
+        downgrade(empty_engine, rev.down_revision)
+        upgrade(empty_engine)
         after = _counts(empty_engine)
         for table, n in before.items():
             assert after.get(table) == n, f"{rev.revision}: {table} had {n} rows, now {after.get(table)}"
@@ -145,3 +147,38 @@ def test_0005_adds_failures_and_retry_codes_and_backfills_past_failures(empty_en
     with sessions() as s:
         got = s.get(task_ops.Task, tid)
         assert got is not None and got.retry_on_exit_codes == [1, 137] and got.failures == 0
+
+
+def test_0006_keeps_old_segments_as_unused_and_opens_attempts_of_running_tasks(empty_engine: Engine) -> None:
+    """Segments written before exact attribution charged the whole machine to the
+    launcher: they become `unused` rows with their machine-hours; a task holding GPUs
+    at upgrade time gets an open attempt. Down again, the segments keep their rows."""
+    upgrade(empty_engine)
+    _fill(empty_engine)  # one leased task (through today's code, so at the head)
+    downgrade(empty_engine, "0003")
+    at = "2026-03-10 12:00:00"
+    with empty_engine.begin() as c:
+        c.execute(
+            text(
+                'INSERT INTO spend_records (instance_id, team, pool, provider, region, instance_type, capacity_type,'
+                ' start, "end", hourly_price, cost_usd) VALUES'
+                " ('i-1', 'vision', 'gpu-pool', 'fake', NULL, 'g.1', 'spot', :at, :at, 2.0, 5.0)"
+            ),
+            {"at": at},
+        )
+    upgrade(empty_engine, "0006")
+    with empty_engine.connect() as c:
+        row = c.execute(text("SELECT kind, hours, gpu_hours, cost_usd FROM spend_records")).one()
+        attempts = c.execute(text("SELECT task_id, attempt, ended_at, cost_usd FROM task_attempts")).all()
+        leased = c.execute(text("SELECT id, attempts FROM tasks WHERE state = 'leased'")).all()
+    assert (row.kind, row.hours, row.gpu_hours, row.cost_usd) == ("unused", 2.5, 0.0, 5.0)
+    assert [(a.task_id, a.attempt, a.ended_at, a.cost_usd) for a in attempts] == [
+        (t.id, t.attempts, None, 0.0) for t in leased
+    ]
+    downgrade(empty_engine, "0003")
+    with empty_engine.connect() as c:
+        names = inspect(c).get_table_names()
+        columns = {col["name"] for col in inspect(c).get_columns("spend_records")}
+        assert int(c.execute(text("SELECT count(*) FROM spend_records")).scalar_one()) == 1
+    assert "task_attempts" not in names and not {"kind", "hours", "gpu_hours"} & columns
+    upgrade(empty_engine)

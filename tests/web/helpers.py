@@ -161,5 +161,6 @@ def add_spend(
                 end=end,
                 hourly_price=price,
                 cost_usd=price * hours,
+                hours=hours,
             )
         )

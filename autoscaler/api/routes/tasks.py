@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 from autoscaler.admission.why_db import why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
-from autoscaler.api.schemas import LogChunkOut, TaskDetail, TaskEventOut, TaskIn, TaskOut, TaskWhyOut
+from autoscaler.api.schemas import LogChunkOut, TaskAttemptOut, TaskDetail, TaskEventOut, TaskIn, TaskOut, TaskWhyOut
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import Forbidden, NotFound
+from autoscaler.ledger.attempts import attempts_of, task_totals
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import Task, TaskEvent
@@ -27,6 +28,16 @@ def visible_task(session: Session, principal: Principal, task_id: str, *, lock: 
     if task is None or (not principal.is_admin and task.team != principal.team):
         raise NotFound(f"task {task_id} not found")
     return task
+
+
+def with_costs(session: Session, tasks: list[Task]) -> list[TaskOut]:
+    """Tasks as output, each with its cost and GPU-hours over all attempts (one query)."""
+    totals = task_totals(session, [t.id for t in tasks])
+    out = []
+    for t in tasks:
+        usd, gpu_h = totals.get(t.id, (0.0, 0.0))
+        out.append(TaskOut.model_validate(t).model_copy(update={"cost_usd": usd, "gpu_hours": gpu_h}))
+    return out
 
 
 @router.post("", response_model=TaskOut, status_code=201)
@@ -54,7 +65,7 @@ def list_tasks(
     state: Annotated[list[TaskState] | None, Query()] = None,
     team: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[Task]:
+) -> list[TaskOut]:
     with tx(ctx) as s:
         principal = auth.user(s)
         stmt = select(Task).order_by(Task.created_at.desc()).limit(limit)
@@ -68,7 +79,7 @@ def list_tasks(
             stmt = stmt.where(Task.queue == queue)
         if state:
             stmt = stmt.where(Task.state.in_([x.value for x in state]))
-        return list(s.scalars(stmt))
+        return with_costs(s, list(s.scalars(stmt)))
 
 
 @router.get("/{task_id}", response_model=TaskDetail)
@@ -76,9 +87,11 @@ def get_task(task_id: str, auth: Auth, ctx: Ctx) -> TaskDetail:
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id)
         events = s.scalars(select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id))
+        (out,) = with_costs(s, [task])
         return TaskDetail(
-            **TaskOut.model_validate(task).model_dump(),
+            **out.model_dump(),
             events=[TaskEventOut.model_validate(e) for e in events],
+            attempt_costs=[TaskAttemptOut.model_validate(a) for a in attempts_of(s, [task.id])[task.id]],
         )
 
 
@@ -96,10 +109,10 @@ def boot_timeouts(ctx: AppContext) -> dict[str, float]:
 
 
 @router.post("/{task_id}/cancel", response_model=TaskOut)
-def cancel(task_id: str, auth: Auth, ctx: Ctx) -> Task:
+def cancel(task_id: str, auth: Auth, ctx: Ctx) -> TaskOut:
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id, lock=True)
-        return ops.cancel(s, task, now=ctx.clock.now())
+        return with_costs(s, [ops.cancel(s, task, now=ctx.clock.now())])[0]
 
 
 @router.get("/{task_id}/logs", response_model=list[LogChunkOut])
