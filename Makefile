@@ -42,7 +42,8 @@ run: $(RUN_STAMP)
 # PYTEST_ARGS passes extra options, e.g. PYTEST_ARGS="-n 2 --dist loadgroup" or "-k agent".
 PYTEST_ARGS ?=
 
-test: $(STAMP) system-deps
+# Lint first: a landing that breaks ruff, mypy --strict or the import layers fails here.
+test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 reliability: $(STAMP) system-deps
@@ -51,6 +52,7 @@ reliability: $(STAMP) system-deps
 lint: $(STAMP)
 	$(BIN)/ruff check autoscaler providers tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
