@@ -7,6 +7,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, client, out, print_json, print_table
@@ -109,6 +110,8 @@ def task_show(
         f"gpus: {task['gpus']}  attempts: {task['attempts']} (max {task['max_attempts']} failures; "
         f"{task.get('interruptions', 0)} interrupted by spot/drain)  exit: {task['exit_code']}  end: {task['end_reason']}"
     )
+    if task.get("unschedulable_reason"):
+        out.print(f"[bold red]unschedulable:[/bold red] {escape(task['unschedulable_reason'])}")
     print_table(task["events"], ["at", "from_state", "to_state", "reason", "attempt", "worker_id"], title="history")
 
 

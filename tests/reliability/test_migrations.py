@@ -88,8 +88,10 @@ def test_each_revision_steps_down_and_up_with_data(empty_engine: Engine) -> None
     for rev in revisions:
         if rev.down_revision is None:
             continue  # the initial revision's downgrade drops every table by design
-        downgrade(empty_engine, "-1")
-        upgrade(empty_engine, rev.revision)
+        # Below `rev`, then back to head: stepping through every revision above it too
+        # (comparing at `rev` itself missed tables a later revision adds).
+        downgrade(empty_engine, str(rev.down_revision))
+        upgrade(empty_engine)
         after = _counts(empty_engine)
         for table, n in before.items():
             assert after.get(table) == n, f"{rev.revision}: {table} had {n} rows, now {after.get(table)}"
