@@ -24,6 +24,7 @@ import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select
 
+from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
 from autoscaler.auth.tokens import create_token, hash_token
@@ -32,6 +33,7 @@ from autoscaler.config import AutoscalerConfig
 from autoscaler.errors import ConfigError
 from autoscaler.ledger.routes import router as spend_router
 from autoscaler.queueing.queues import sync_from_config
+from autoscaler.queueing.unschedulable import review_queued
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
 from autoscaler.state.models import ApiToken
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin.token"
 SERVER_URL_FILE = "server.url"
 HOUSEKEEPING_INTERVAL_S = 5.0
+# How often queued tasks are checked against the config's shapes (also at start).
+UNSCHEDULABLE_INTERVAL_S = 60.0
 
 
 def is_loopback(host: str) -> bool:
@@ -123,8 +127,11 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     engine = make_engine(database_url(config, home))
     upgrade(engine)
     ctx = AppContext(config=config, sessions=session_factory(engine), clock=SystemClock())
+    catalog = Catalog.from_config(config)
     with transaction(ctx.sessions) as s:
         sync_from_config(s, config, now=ctx.clock.now())
+        # A config that no longer offers a queued task's shape: say so on the task.
+        review_queued(s, catalog)
     scheduler = BackgroundScheduler(daemon=True)
     runtime = Runtime(config=config, home=home, ctx=ctx, scheduler=scheduler, full_loop=full_loop)
     runtime.info["admin_token_file"] = ensure_admin_token(ctx, home)
@@ -141,6 +148,17 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
 
     scheduler.add_job(
         housekeeping, "interval", seconds=HOUSEKEEPING_INTERVAL_S, id="housekeeping", max_instances=1, coalesce=True
+    )
+
+    def review_shapes() -> None:
+        try:
+            with transaction(ctx.sessions) as s:
+                review_queued(s, catalog)
+        except Exception:
+            log.exception("checking queued tasks against the config's shapes failed; will retry")
+
+    scheduler.add_job(
+        review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
     )
     # Spend is read-only and useful without the loop too (`autoscaler server`).
     ctx.extras.setdefault("routers", []).append(spend_router)

@@ -158,6 +158,9 @@ def test_task_why_with_team_tokens(server: dict[str, str]) -> None:
         (["enqueue", "--queue", "gpu", "--retry-on-exit-codes", "300", "--", "true"], "300 is not an exit code 1-255"),
         (["enqueue", "--queue", "gpu", "--max-attempts", "0", "--", "true"], "max_attempts: Input should be greater"),
         (["token", "create", "--join", "--pool", "gpu-pool", "--ttl", "soon"], "duration 'soon'"),
+        (["enqueue", "--queue", "gpu", "--gpus", "16", "--", "true"], "largest: 1x A10G, 4 CPUs, 16000 MB in pool"),
+        (["enqueue", "-q", "cpu", "--cpus", "64", "--memory-mb", "500000", "--", "true"], "ask for at most 2 CPUs"),
+        (["enqueue", "-q", "gpu", "--gpus", "1", "--gpu-type", "A10", "--", "true"], "GPU types offered: A10G"),
     ],
 )
 def test_user_mistakes_are_one_line(server: dict[str, str], args: list[str], needle: str) -> None:

@@ -103,6 +103,9 @@ class TaskOut(Out):
     gpu_indices: list[int]
     exit_code: int | None
     end_reason: str | None
+    # Set while the task is queued but no pool of its queue can ever run it (the
+    # config changed under it); cleared when a later config can.
+    unschedulable_reason: str | None = None
     cancel_requested: bool
     created_at: datetime
     updated_at: datetime

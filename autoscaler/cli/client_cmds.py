@@ -193,6 +193,8 @@ def task_show(
             ["attempt", "instance_id", "gpus", "started_at", "ended_at", "gpu_hours", "cost_usd"],
             title="attempts (cost as accrued by the last reconcile cycle)",
         )
+    if task.get("unschedulable_reason"):
+        out.print(Text.assemble(("unschedulable: ", "bold red"), task["unschedulable_reason"]))
     print_table(
         task["events"],
         ["at", "from_state", "to_state", "reason", "attempt", "worker_id", "detail"],

@@ -19,11 +19,12 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from autoscaler.admission import store as admission_store
-from autoscaler.admission.fit import Room, gpu_type_matches
+from autoscaler.admission.fit import Need, Room, gpu_type_matches
 from autoscaler.admission.gate import Machine, added_spend, largest_admissible
 from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
+from autoscaler.admission.shapes import Catalog
 from autoscaler.errors import Forbidden, InvalidInput, NotFound
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
 from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker
@@ -95,7 +96,9 @@ def exit_code_listed(exit_code: int | None, codes: Sequence[int]) -> bool:
     return exit_code in codes or (exit_code < 0 and 128 - exit_code in codes)
 
 
-def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Task:
+def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime, shapes: Catalog | None = None) -> Task:
+    """Queue a task. With `shapes` (the config's catalog; the API passes it), a task
+    that no pool of its queue could ever run is refused with the largest shape there."""
     queue = session.get(QueueRow, spec.queue)
     if queue is None:
         raise NotFound(f"queue {spec.queue!r} does not exist: list queues with `autoscaler queues`")
@@ -111,6 +114,11 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Ta
             f"not {spec.max_attempts}"
         )
     retry_codes = validate_retry_codes(spec.retry_on_exit_codes)
+    if shapes is not None:
+        need = Need(gpus=spec.gpus, gpu_type=spec.gpu_type, cpus=spec.cpus, memory_mb=spec.memory_mb)
+        refused = shapes.refusal(queue.name, queue.pools or [], need)
+        if refused:
+            raise InvalidInput(refused)
     task = Task(
         queue=spec.queue,
         team=team,

@@ -127,7 +127,8 @@ def observe(
                 Task.cpus,
                 Task.memory_mb,
             )
-            .where(Task.state == "queued")
+            # A task no pool of its queue can run (queueing.unschedulable) is no demand.
+            .where(Task.state == "queued", Task.unschedulable_reason.is_(None))
             .group_by(
                 Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim, Task.cpus, Task.memory_mb
             )

@@ -162,6 +162,10 @@ class Task(Base):
     # A lender took back the quota this task borrowed: the worker is told to stop it
     # (interrupted:reclaim) and it is requeued. Cleared when the attempt ends.
     reclaim_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Set while the task is queued but no pool of its queue could ever run it (the
+    # config changed under it): why, in one line. The planner does not count it as
+    # demand; cleared when a later config can run it again. See queueing.unschedulable.
+    unschedulable_reason: Mapped[str | None] = mapped_column(String(500))
     # Lease order within equal priorities; a requeued interrupted task keeps its
     # original sort key so it goes back to the head of its queue, a retried failed one
     # gets the time of its failure (behind the work already waiting).

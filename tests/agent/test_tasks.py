@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
+from autoscaler.config import parse_config
 from tests.agent.conftest import BOTH_BACKENDS, AgentHarness, py, wait_for
+from tests.conftest import TEST_CONFIG
 
 
 @BOTH_BACKENDS
@@ -154,6 +157,11 @@ def test_bootstrap_file_with_simulated_gpus_on_a_machine_without_nvml(harness: A
         )
     )
     boot.chmod(0o600)
+    # The test config's gpu-pool declares 1-GPU machines, and enqueue refuses what no
+    # declared shape fits: declare the 2-GPU machine this agent is.
+    harness.ctx.config = parse_config(
+        TEST_CONFIG.replace("gpus: 1, gpu_type: A10G", "gpus: 2, gpu_type: A10G"), Path("test.yaml")
+    )
     task = harness.enqueue(py("import os; print('on', os.environ['CUDA_VISIBLE_DEVICES'])"), gpus=2)
     agent = harness.start_agent(
         instance_id=None,

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.admission.shapes import Catalog
 from autoscaler.admission.why_db import why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
@@ -52,7 +53,7 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
                 raise Forbidden(f"a {principal.team} token cannot enqueue for team {body.team}")
             team = principal.team or ""
         spec = ops.TaskSpec(**body.model_dump(exclude={"team"}))
-        task = ops.enqueue(s, spec, team=team, now=ctx.clock.now())
+        task = ops.enqueue(s, spec, team=team, now=ctx.clock.now(), shapes=Catalog.from_config(ctx.config))
     ctx.wake("enqueue")
     return task
 
