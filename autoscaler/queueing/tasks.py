@@ -24,9 +24,10 @@ from autoscaler.admission.gate import Machine, added_spend, largest_admissible
 from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
-from autoscaler.errors import Forbidden, InvalidInput, NotFound
+from autoscaler.auth.sealing import SecretKeys
+from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
-from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker
+from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker, new_id
 
 LEASE_TTL = timedelta(seconds=90)
 _ACTIVE = tuple(s.value for s in ACTIVE)
@@ -51,6 +52,9 @@ class TaskSpec:
     priority: int = 0
     max_attempts: int = 3
     timeout_s: float | None = None
+    # Sealed at rest, shown as `***`, opened only for the leasing worker. Kept out of
+    # repr so a spec in a log line or traceback does not carry the values.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def validate_working_dir(path: str | None) -> str | None:
@@ -62,7 +66,11 @@ def validate_working_dir(path: str | None) -> str | None:
     return os.path.normpath(path)
 
 
-def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Task:
+def enqueue(
+    session: Session, spec: TaskSpec, *, team: str, now: datetime, secret_keys: SecretKeys | None = None
+) -> Task:
+    """Queue a task. A spec with `secret_env` needs `secret_keys` (the values are sealed
+    before the row is written, so no plaintext ever reaches the database)."""
     queue = session.get(QueueRow, spec.queue)
     if queue is None:
         raise NotFound(f"queue {spec.queue!r} does not exist: list queues with `autoscaler queues`")
@@ -72,11 +80,19 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime) -> Ta
         raise InvalidInput("command is empty: give the program and its arguments after `--`")
     if len(spec.command) > MAX_COMMAND_ARGS:
         raise InvalidInput(f"command has {len(spec.command)} arguments; at most {MAX_COMMAND_ARGS} are accepted")
+    both = sorted(set(spec.env) & set(spec.secret_env))
+    if both:
+        raise InvalidInput(f"{', '.join(both)} given both in env and in secret_env; give each name once")
+    if spec.secret_env and secret_keys is None:
+        raise Conflict("this server has no secret key, so it cannot keep secret_env: see server.secret_key_file")
+    task_id = new_id()
     task = Task(
+        id=task_id,
         queue=spec.queue,
         team=team,
         command=list(spec.command),
         env=dict(spec.env),
+        secret_env=secret_keys.seal_all(task_id, spec.secret_env) if secret_keys and spec.secret_env else {},
         working_dir=validate_working_dir(spec.working_dir),
         gpus=spec.gpus,
         gpu_type=spec.gpu_type,

@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect, text
 
+from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import create_token
 from autoscaler.config import parse_config
 from autoscaler.queueing import tasks as task_ops
@@ -66,6 +67,8 @@ def _fill(engine: Engine) -> None:
         for i in range(3):
             task_ops.enqueue(s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision",
                              now=now)
+        task_ops.enqueue(s, task_ops.TaskSpec(queue="cpu", command=["true"], secret_env={"API_KEY": "k"}),
+                         team="vision", now=now, secret_keys=SecretKeys.generate())
     with transaction(sessions) as s:
         task = task_ops.lease(s, worker.id, now=now)
         assert task is not None
@@ -88,11 +91,17 @@ def test_each_revision_steps_down_and_up_with_data(empty_engine: Engine) -> None
     for rev in revisions:
         if rev.down_revision is None:
             continue  # the initial revision's downgrade drops every table by design
+        # The database is at `rev` here: step it down and up again, then leave it one
+        # below for the next (older) revision. Tables a newer revision created are
+        # gone by now, by design; every table that exists at `rev` keeps its rows.
+        here = _counts(empty_engine)
+        for table, n in here.items():
+            assert before.get(table) == n, f"{rev.revision}: {table} had {before.get(table)} rows, now {n}"
         downgrade(empty_engine, "-1")
         upgrade(empty_engine, rev.revision)
         after = _counts(empty_engine)
-        for table, n in before.items():
-            assert after.get(table) == n, f"{rev.revision}: {table} had {n} rows, now {after.get(table)}"
+        assert after == here, f"{rev.revision}: down and up changed the rows: {here} -> {after}"
+        downgrade(empty_engine, "-1")
     downgrade(empty_engine, "base")
     with empty_engine.connect() as c:
         left = [t for t in inspect(c).get_table_names() if t != "alembic_version"]
@@ -106,3 +115,29 @@ def test_migrated_schema_matches_the_models(empty_engine: Engine) -> None:
     with empty_engine.connect() as c:
         diff = compare_metadata(MigrationContext.configure(c), Base.metadata)
     assert diff == [], diff
+
+
+def test_0009_adds_and_drops_the_sealed_secret_env_column(empty_engine: Engine) -> None:
+    """0009 is a plain ADD/DROP COLUMN: the tasks (and their events) outlive a step
+    down to 0004 and back; the sealed values do not (documented), and an old row
+    reads as having no secret env."""
+    upgrade(empty_engine)
+    _fill(empty_engine)
+
+    def columns() -> set[str]:
+        with empty_engine.connect() as c:
+            return {col["name"] for col in inspect(c).get_columns("tasks")}
+
+    def sealed() -> list[Any]:
+        with empty_engine.connect() as c:
+            return [r[0] for r in c.execute(text("SELECT secret_env FROM tasks WHERE queue = 'cpu'"))]
+
+    assert "secret_env" in columns()
+    assert len(sealed()) == 1 and "v1." in str(sealed()[0]) and "'k'" not in str(sealed()[0])
+    before = _counts(empty_engine)
+    downgrade(empty_engine, "0004")
+    assert "secret_env" not in columns()
+    assert _counts(empty_engine) == before
+    upgrade(empty_engine, "0009")
+    assert "secret_env" in columns() and sealed() == [None]
+    assert _counts(empty_engine) == before
