@@ -29,11 +29,15 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from autoscaler.errors import AutoscalerError, ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +197,21 @@ def rotate_key_file(path: Path) -> tuple[str, list[str]]:
         fh.write("\n".join([*comments, key, *keys]) + "\n")
     os.replace(tmp, path)
     return key_id(_decode_key(key, str(path))), old.ids if old else []
+
+
+def reseal_tasks(session: Session, keys: SecretKeys) -> tuple[int, set[str]]:
+    """Seal every stored secret env again with the current key (after a rotation).
+    Returns how many tasks were resealed and the key ids stored values used before."""
+    from sqlalchemy import select
+
+    from autoscaler.state.models import Task
+
+    used: set[str] = set()
+    count = 0
+    for task in session.scalars(select(Task).where(Task.secret_env.is_not(None)).with_for_update()):
+        if not task.secret_env:
+            continue
+        used.update(str(v).split(".")[1] for v in task.secret_env.values() if str(v).count(".") >= 2)
+        task.secret_env = keys.seal_all(task.id, keys.open_all(task.id, task.secret_env))
+        count += 1
+    return count, used
