@@ -130,6 +130,11 @@ class ServerConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535)
     public_url: str | None = Field(None, description="URL agents use to reach the API; default http://host:port.")
     tls_terminated_upstream: bool = Field(False, description="Allow a non-loopback listen address without TLS.")
+    secret_key_file: str | None = Field(
+        None,
+        description="Keys sealing task secret_env (first seals, all open); default HOME/secret.key, created "
+        "0600 on first start. A relative path is relative to HOME.",
+    )
 
 
 class AutoscalerConfig(_Strict):
@@ -183,6 +188,7 @@ class Settings(BaseSettings):
     host: str | None = None
     port: int | None = None
     public_url: str | None = None
+    secret_key_file: str | None = None
 
 
 def _format_error(path: Path, err: ValidationError) -> str:
@@ -229,7 +235,12 @@ def load_config(path: Path | None = None, settings: Settings | None = None) -> A
     server = cfg.server.model_copy(
         update={
             k: v
-            for k, v in {"host": settings.host, "port": settings.port, "public_url": settings.public_url}.items()
+            for k, v in {
+                "host": settings.host,
+                "port": settings.port,
+                "public_url": settings.public_url,
+                "secret_key_file": settings.secret_key_file,
+            }.items()
             if v is not None
         }
     )

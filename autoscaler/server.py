@@ -27,6 +27,7 @@ from sqlalchemy import select
 from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
+from autoscaler.auth.sealing import DEFAULT_KEY_FILE, SecretKeys, load_key_file
 from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
 from autoscaler.config import AutoscalerConfig
@@ -86,6 +87,16 @@ def database_url(config: AutoscalerConfig, home: Path) -> str:
     return config.database_url or sqlite_url(home)
 
 
+def secret_key_path(config: AutoscalerConfig, home: Path) -> Path:
+    """Where the key ring sealing task secret_env lives (relative paths: under HOME)."""
+    path = Path(config.server.secret_key_file or DEFAULT_KEY_FILE).expanduser()
+    return path if path.is_absolute() else home / path
+
+
+def load_secret_keys(config: AutoscalerConfig, home: Path, *, create: bool) -> SecretKeys:
+    return load_key_file(secret_key_path(config, home), create=create)
+
+
 def ensure_admin_token(ctx: AppContext, home: Path) -> Path:
     """Create the admin token on first start and keep it in HOME/admin.token (mode 0600)."""
     path = home / ADMIN_TOKEN_FILE
@@ -126,7 +137,12 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     home.mkdir(parents=True, exist_ok=True)
     engine = make_engine(database_url(config, home))
     upgrade(engine)
-    ctx = AppContext(config=config, sessions=session_factory(engine), clock=SystemClock())
+    ctx = AppContext(
+        config=config,
+        sessions=session_factory(engine),
+        clock=SystemClock(),
+        secret_keys=load_secret_keys(config, home, create=True),
+    )
     catalog = Catalog.from_config(config)
     with transaction(ctx.sessions) as s:
         sync_from_config(s, config, now=ctx.clock.now())
@@ -182,7 +198,13 @@ def app_from_env() -> Any:
     settings = Settings()
     config = load_config(settings.config, settings)
     engine = make_engine(database_url(config, settings.home))
-    ctx = AppContext(config=config, sessions=session_factory(engine), clock=SystemClock())
+    # The parent created the key file; a worker process only reads it.
+    ctx = AppContext(
+        config=config,
+        sessions=session_factory(engine),
+        clock=SystemClock(),
+        secret_keys=load_secret_keys(config, settings.home, create=False),
+    )
     ctx.extras.setdefault("routers", []).append(spend_router)
     return create_app(ctx)
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
+from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import create_token
 from autoscaler.clock import ManualClock, SystemClock
 from autoscaler.config import AutoscalerConfig, parse_config
@@ -156,7 +157,7 @@ def clock() -> ManualClock:
 
 
 def make_context(config: AutoscalerConfig, sessions: sessionmaker[Session], clock: Any = None) -> AppContext:
-    ctx = AppContext(config=config, sessions=sessions, clock=clock or SystemClock())
+    ctx = AppContext(config=config, sessions=sessions, clock=clock or SystemClock(), secret_keys=SecretKeys.generate())
     with transaction(sessions) as s:
         sync_from_config(s, config, now=ctx.clock.now())
     return ctx

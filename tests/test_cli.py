@@ -148,6 +148,72 @@ def test_task_why_with_team_tokens(server: dict[str, str]) -> None:
     assert "admin token" not in explained.stderr
 
 
+SECRET = "wandb-Zq8r3VtLk2mN9pX4sW7y"
+FILE_SECRET = "hf_Jt6Yc2Bn8Kd4Ls1Qw9Ee with spaces"
+SHELL_SECRET = "sk-Pw3Rt5Yu7Io9Pa1Sd"
+
+
+def test_secret_env_is_sent_but_never_printed(server: dict[str, str], tmp_path: Path) -> None:
+    env = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    key_file = Path(server["AUTOSCALER_HOME"], "secret.key")
+    assert key_file.exists() and key_file.stat().st_mode & 0o077 == 0  # made 0600 by the server's first start
+    dotenv = tmp_path / "secrets.env"
+    dotenv.write_text(f"# from the vault\nexport HF_TOKEN='{FILE_SECRET}'\n\nWANDB_API_KEY=overridden\n")
+    r = cli(
+        "enqueue", "-q", "gpu", "--gpus", "1", "--env", "EPOCHS=3",
+        "--secret-env-from-file", str(dotenv), "--secret-env", f"WANDB_API_KEY={SECRET}",
+        "--secret-env", "OPENAI_API_KEY", "--", "python", "train.py",
+        env={**env, "OPENAI_API_KEY": SHELL_SECRET},
+    )
+    assert r.returncode == 0, r.stderr
+    task_id = r.stdout.strip()
+    outputs = [r.stdout + r.stderr]
+    shown = cli("task", "show", task_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "secret env: HF_TOKEN=*** OPENAI_API_KEY=*** WANDB_API_KEY=***" in shown.stdout
+    assert "env: EPOCHS=3" in shown.stdout  # plain env stays plain
+    as_json = json.loads(cli("task", "show", task_id, "--json", env=env).stdout)
+    assert as_json["secret_env"] == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***", "WANDB_API_KEY": "***"}
+    for args in (["task", "show", task_id], ["task", "show", task_id, "--json"], ["tasks"], ["tasks", "--json"],
+                 ["task", "why", task_id], ["enqueue", "-q", "gpu", "--json", "--secret-env", f"K={SECRET}", "--",
+                                            "true"]):
+        done = cli(*args, env=env)
+        assert done.returncode == 0, (args, done.stderr)
+        outputs.append(done.stdout + done.stderr)
+    # Mistakes: refused in one line that never repeats the value.
+    both = cli("enqueue", "-q", "gpu", "--env", "WANDB_API_KEY=x", "--secret-env", f"WANDB_API_KEY={SECRET}",
+               "--", "true", env=env)
+    assert both.returncode == 1 and "given both in env and in secret_env" in both.stderr
+    dotenv.write_text(f"OK=1\n{SECRET}\n")
+    bad_line = cli("enqueue", "-q", "gpu", "--secret-env-from-file", str(dotenv), "--", "true", env=env)
+    assert bad_line.returncode == 1 and f"{dotenv}:2: expected NAME=VALUE" in bad_line.stderr
+    bad_flag = cli("enqueue", "-q", "gpu", "--secret-env", f"{SECRET}:oops=1", "--", "true", env=env)
+    assert bad_flag.returncode == 1 and "--secret-env #1" in bad_flag.stderr
+    unset = cli("enqueue", "-q", "gpu", "--secret-env", "NOT_SET_ANYWHERE", "--", "true", env=env)
+    assert unset.returncode == 1 and "NOT_SET_ANYWHERE is not set" in unset.stderr
+    outputs += [both.stderr, bad_line.stderr, bad_flag.stdout + bad_flag.stderr, unset.stderr]
+    printed = "\n".join(outputs)
+    for value in (SECRET, FILE_SECRET, SHELL_SECRET, "overridden"):
+        assert value not in printed
+
+
+def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "autoscaler.yaml"
+    config.write_text(TEST_CONFIG)
+    args = ["--config", str(config), "--home", str(home)]
+    assert cli("db", "upgrade", *args).returncode == 0
+    first = cli("secret-key", "rotate", *args)  # no file yet: it makes one with a single key
+    assert first.returncode == 0 and "kept" not in first.stdout, first.stderr
+    second = cli("secret-key", "rotate", *args)
+    assert second.returncode == 0 and "kept" in second.stdout, second.stderr
+    keys = [line for line in (home / "secret.key").read_text().splitlines() if line and not line.startswith("#")]
+    assert len(keys) == 2 and (home / "secret.key").stat().st_mode & 0o077 == 0
+    resealed = cli("secret-key", "reseal", *args)
+    assert resealed.returncode == 0 and "resealed the secret env of 0 tasks" in resealed.stdout, resealed.stderr
+    assert "may be removed" in resealed.stdout
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

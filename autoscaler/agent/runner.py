@@ -109,7 +109,7 @@ class TaskProcess:
 
     @classmethod
     def start(cls, task: LeasedTask, base_env: dict[str, str], work_root: Path, now: float) -> TaskProcess:
-        env = {**base_env, **task.env, **gpu_env(task.gpu_indices)}
+        env = {**base_env, **task.env, **task.secret_env, **gpu_env(task.gpu_indices)}
         env["AUTOSCALER_TASK_ID"] = task.id
         env["AUTOSCALER_TASK_ATTEMPT"] = str(task.attempts)
         scratch: Path | None = None

@@ -79,6 +79,9 @@ class LeasedTask(_Reply):
     id: str
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)
+    # Opened by the server for this lease only; merged into the process environment,
+    # never logged or written to disk by the agent (repr=False keeps it out of reprs).
+    secret_env: dict[str, str] = Field(default_factory=dict, repr=False)
     working_dir: str | None = None
     gpus: int = 0
     gpu_indices: list[int] = Field(default_factory=list)

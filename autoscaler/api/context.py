@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import PrincipalCache
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import AutoscalerConfig
@@ -24,3 +25,6 @@ class AppContext:
     extras: dict[str, Any] = field(default_factory=dict)
     # Recently resolved tokens (revocation reaches other processes within its TTL, 5 s).
     principals: PrincipalCache = field(default_factory=PrincipalCache)
+    # Seals task secret_env at enqueue and opens it for the leasing worker. None: this
+    # process has no key (a task with secret_env is refused; nothing is ever stored plain).
+    secret_keys: SecretKeys | None = None

@@ -6,11 +6,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from autoscaler.auth.sealing import mask
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
 Arg = Annotated[str, StringConstraints(max_length=8192)]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, StringConstraints(max_length=32768)]
+# Secret env as everyone but the leasing worker sees it: the names, each value `***`.
+# Masking is part of the type, so no response built from a task can carry a value.
+MaskedEnv = Annotated[dict[str, str], BeforeValidator(mask)]
 
 
 class Body(BaseModel):
@@ -45,7 +51,13 @@ class TaskIn(Body):
     gpu_type: Annotated[str, StringConstraints(max_length=64)] | None = None
     cpus: float = Field(0, ge=0, le=1024)
     memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024)
-    env: dict[EnvKey, Annotated[str, StringConstraints(max_length=32768)]] = Field(default_factory=dict, max_length=256)
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=256)
+    secret_env: dict[EnvKey, EnvValue] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Like env, but sealed at rest and shown as *** everywhere except to the worker that leases "
+        "the task. A name may not be in both env and secret_env.",
+    )
     working_dir: Annotated[str, StringConstraints(max_length=1024)] | None = None
     priority: int = Field(0, ge=-1000, le=1000)
     max_attempts: int = Field(
@@ -75,6 +87,13 @@ class TaskIn(Body):
                 )
         return codes
 
+    @model_validator(mode="after")
+    def _names_once(self) -> TaskIn:
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{', '.join(both)} given both in env and in secret_env; give each name once")
+        return self
+
 
 class TaskOut(Out):
     id: str
@@ -82,6 +101,7 @@ class TaskOut(Out):
     team: str
     command: list[str]
     env: dict[str, str]
+    secret_env: MaskedEnv = Field(default_factory=dict, description="Names of the secret env; values are ***.")
     working_dir: str | None
     gpus: int
     gpu_type: str | None
@@ -212,8 +232,16 @@ class HeartbeatOut(BaseModel):
     shutdown: bool
 
 
+class LeasedTaskOut(TaskOut):
+    """The task as its leasing worker gets it: the one place secret_env has its values."""
+
+    secret_env: dict[str, str] = Field(
+        default_factory=dict, description="The secret env, opened: the agent adds it to the task's environment."
+    )
+
+
 class LeaseOut(BaseModel):
-    task: TaskOut | None
+    task: LeasedTaskOut | None
 
 
 class FinishIn(Body):

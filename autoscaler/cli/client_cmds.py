@@ -3,7 +3,11 @@ workers, instances, tokens."""
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -64,6 +68,53 @@ def attempts_summary(task: dict[str, Any]) -> str:
     )
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _parse_secret_env(pairs: list[str]) -> dict[str, str]:
+    """`--secret-env NAME=VALUE`, or `--secret-env NAME` for the value of NAME in this
+    shell's environment (which keeps it out of shell history and `ps`). Errors name the
+    argument by position, never by what was typed: it may be the secret itself."""
+    env: dict[str, str] = {}
+    for number, pair in enumerate(pairs, 1):
+        key, sep, value = pair.partition("=")
+        if not ENV_NAME.match(key):
+            raise InvalidInput(f"--secret-env #{number} must look like NAME=VALUE or NAME (a variable name)")
+        if not sep:
+            if key not in os.environ:
+                raise InvalidInput(f"--secret-env {key}: no value given and {key} is not set in this environment")
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+def read_secret_env_file(path: str) -> dict[str, str]:
+    """A dotenv-style file (`-` reads standard input): one NAME=VALUE per line; blank
+    lines and lines starting with `#` are skipped; an `export ` prefix is allowed; a
+    value wrapped in matching single or double quotes loses them and keeps its inner
+    spaces, otherwise it is stripped. Nothing is expanded or unescaped, and a value
+    is one line. Errors name the line number, never the line (it may hold a secret)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise InvalidInput(f"--secret-env-from-file {path}: cannot read it: {exc.strerror}") from None
+    env: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not ENV_NAME.match(key):
+            raise InvalidInput(f"{path}:{number}: expected NAME=VALUE (NAME: letters, digits, _)")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key] = value
+    return env
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def enqueue(
     command: Annotated[list[str], typer.Argument(help="The program and its arguments, after `--`.")],
@@ -89,6 +140,22 @@ def enqueue(
     ] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds before the task is stopped.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
+    secret_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret-env",
+            help="NAME=VALUE (or NAME: take the value from this shell), repeatable. Sealed at rest, shown as *** "
+            "everywhere; only the worker running the task gets the value.",
+        ),
+    ] = None,
+    secret_env_file: Annotated[
+        str | None,
+        typer.Option(
+            "--secret-env-from-file",
+            help="A dotenv-style file of NAME=VALUE lines (`-`: standard input), all secret. "
+            "--secret-env entries win over the file's.",
+        ),
+    ] = None,
     workdir: Annotated[str | None, typer.Option(help="Absolute working directory on the worker.")] = None,
     team: Annotated[str | None, typer.Option(help="Admins only: the team the task is for.")] = None,
     server: ServerOpt = None,
@@ -109,6 +176,10 @@ def enqueue(
         "retry_on_exit_codes": _parse_codes(retry_on_exit_codes),
         "timeout_s": timeout,
         "env": _parse_env(env or []),
+        "secret_env": {
+            **(read_secret_env_file(secret_env_file) if secret_env_file else {}),
+            **_parse_secret_env(secret_env or []),
+        },
         "working_dir": workdir,
         "team": team,
     }
@@ -175,6 +246,9 @@ def task_show(
     out.print(f"command: {shell_command(task['command'])}")
     if task.get("env"):
         out.print("env: " + " ".join(shell_command([f"{k}={v}"]) for k, v in sorted(task["env"].items())))
+    if task.get("secret_env"):
+        # The server sends *** for every value; print only the names, whatever came.
+        out.print("secret env: " + " ".join(f"{k}=***" for k in sorted(task["secret_env"])))
     if task.get("working_dir"):
         out.print(f"working dir: {task['working_dir']}")
     retry = task.get("retry_on_exit_codes")

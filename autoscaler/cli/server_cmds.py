@@ -16,6 +16,8 @@ from autoscaler.logging_setup import configure_logging
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+key_app = typer.Typer(help="The key file sealing task secret_env (server side).", no_args_is_help=True)
+app.add_typer(key_app, name="secret-key")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="autoscaler.yaml (env AUTOSCALER_CONFIG).")]
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
@@ -107,3 +109,37 @@ def db_downgrade(revision: str, config: ConfigOpt = None, home: Home = None) -> 
     cfg, home_dir = _load(config, home, None, None, False)
     downgrade(make_engine(database_url(cfg, home_dir)), revision)
     typer.echo(f"database at revision {revision}")
+
+
+@key_app.command("rotate")
+def key_rotate(config: ConfigOpt = None, home: Home = None) -> None:
+    """Put a new key first in the key file (it seals from the next server start on);
+    the old keys stay below it and still open what they sealed."""
+    from autoscaler.auth.sealing import rotate_key_file
+    from autoscaler.server import secret_key_path
+
+    cfg, home_dir = _load(config, home, None, None, False)
+    path = secret_key_path(cfg, home_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new, kept = rotate_key_file(path)
+    typer.echo(f"{path}: new key {new} seals from the next server start" + (f"; kept {', '.join(kept)}" if kept else ""))
+    typer.echo("restart every server process, then `autoscaler secret-key reseal` before removing old keys")
+
+
+@key_app.command("reseal")
+def key_reseal(config: ConfigOpt = None, home: Home = None) -> None:
+    """Seal every stored secret env again with the key file's first key, so the keys
+    below it can be removed."""
+    from autoscaler.auth.sealing import reseal_tasks
+    from autoscaler.server import database_url, load_secret_keys
+    from autoscaler.state.db import make_engine, session_factory, transaction
+
+    cfg, home_dir = _load(config, home, None, None, False)
+    keys = load_secret_keys(cfg, home_dir, create=False)
+    with transaction(session_factory(make_engine(database_url(cfg, home_dir)))) as s:
+        count, used = reseal_tasks(s, keys)
+    old = keys.ids[1:]
+    was = f" (they were sealed with {', '.join(sorted(used))})" if used else ""
+    typer.echo(f"resealed the secret env of {count} tasks with key {keys.ids[0]}{was}")
+    if old:
+        typer.echo(f"no stored value needs {', '.join(old)} any more: they may be removed from {keys.source}")

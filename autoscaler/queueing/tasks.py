@@ -25,9 +25,10 @@ from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmissi
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.admission.shapes import Catalog
-from autoscaler.errors import Forbidden, InvalidInput, NotFound
+from autoscaler.auth.sealing import SecretKeys
+from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
-from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker
+from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker, new_id
 
 LEASE_TTL = timedelta(seconds=90)
 _ACTIVE = tuple(s.value for s in ACTIVE)
@@ -61,6 +62,9 @@ class TaskSpec:
     # Only these exit codes are retried (129-255 also match a death by signal N-128);
     # None: every non-zero exit and every timeout is.
     retry_on_exit_codes: Sequence[int] | None = None
+    # Sealed at rest, shown as `***`, opened only for the leasing worker. Kept out of
+    # repr so a spec in a log line or traceback does not carry the values.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def validate_working_dir(path: str | None) -> str | None:
@@ -96,9 +100,19 @@ def exit_code_listed(exit_code: int | None, codes: Sequence[int]) -> bool:
     return exit_code in codes or (exit_code < 0 and 128 - exit_code in codes)
 
 
-def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime, shapes: Catalog | None = None) -> Task:
+def enqueue(
+    session: Session,
+    spec: TaskSpec,
+    *,
+    team: str,
+    now: datetime,
+    shapes: Catalog | None = None,
+    secret_keys: SecretKeys | None = None,
+) -> Task:
     """Queue a task. With `shapes` (the config's catalog; the API passes it), a task
-    that no pool of its queue could ever run is refused with the largest shape there."""
+    that no pool of its queue could ever run is refused with the largest shape there.
+    A spec with `secret_env` needs `secret_keys` (the values are sealed before the row
+    is written, so no plaintext ever reaches the database)."""
     queue = session.get(QueueRow, spec.queue)
     if queue is None:
         raise NotFound(f"queue {spec.queue!r} does not exist: list queues with `autoscaler queues`")
@@ -119,11 +133,19 @@ def enqueue(session: Session, spec: TaskSpec, *, team: str, now: datetime, shape
         refused = shapes.refusal(queue.name, queue.pools or [], need)
         if refused:
             raise InvalidInput(refused)
+    both = sorted(set(spec.env) & set(spec.secret_env))
+    if both:
+        raise InvalidInput(f"{', '.join(both)} given both in env and in secret_env; give each name once")
+    if spec.secret_env and secret_keys is None:
+        raise Conflict("this server has no secret key, so it cannot keep secret_env: see server.secret_key_file")
+    task_id = new_id()
     task = Task(
+        id=task_id,
         queue=spec.queue,
         team=team,
         command=list(spec.command),
         env=dict(spec.env),
+        secret_env=secret_keys.seal_all(task_id, spec.secret_env) if secret_keys and spec.secret_env else {},
         working_dir=validate_working_dir(spec.working_dir),
         gpus=spec.gpus,
         gpu_type=spec.gpu_type,

@@ -131,6 +131,9 @@ class Task(Base):
     team: Mapped[str] = mapped_column(String(64))
     command: Mapped[list[Any]]
     env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Secret env: name -> value sealed with the server's key (autoscaler.auth.sealing),
+    # never the value itself. Opened only for the worker that leases the task.
+    secret_env: Mapped[dict[str, Any] | None] = mapped_column(default=dict)
     working_dir: Mapped[str | None] = mapped_column(String(1024))
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     gpu_type: Mapped[str | None] = mapped_column(String(64))

@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect, text
 
+from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import create_token
 from autoscaler.config import parse_config
 from autoscaler.queueing import tasks as task_ops
@@ -66,6 +67,8 @@ def _fill(engine: Engine) -> None:
         for i in range(3):
             task_ops.enqueue(s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision",
                              now=now)
+        task_ops.enqueue(s, task_ops.TaskSpec(queue="cpu", command=["true"], secret_env={"API_KEY": "k"}),
+                         team="vision", now=now, secret_keys=SecretKeys.generate())
     with transaction(sessions) as s:
         task = task_ops.lease(s, worker.id, now=now)
         assert task is not None
@@ -88,13 +91,17 @@ def test_each_revision_steps_down_and_up_with_data(empty_engine: Engine) -> None
     for rev in revisions:
         if rev.down_revision is None:
             continue  # the initial revision's downgrade drops every table by design
-        # Below this revision and back to the head: every table the head has keeps its rows.
-        assert isinstance(rev.down_revision, str)
-        downgrade(empty_engine, rev.down_revision)
-        upgrade(empty_engine)
+        # The database is at `rev` here: step it down and up again, then leave it one
+        # below for the next (older) revision. Tables a newer revision created are
+        # gone by now, by design; every table that exists at `rev` keeps its rows.
+        here = _counts(empty_engine)
+        for table, n in here.items():
+            assert before.get(table) == n, f"{rev.revision}: {table} had {before.get(table)} rows, now {n}"
+        downgrade(empty_engine, "-1")
+        upgrade(empty_engine, rev.revision)
         after = _counts(empty_engine)
-        for table, n in before.items():
-            assert after.get(table) == n, f"{rev.revision}: {table} had {n} rows, now {after.get(table)}"
+        assert after == here, f"{rev.revision}: down and up changed the rows: {here} -> {after}"
+        downgrade(empty_engine, "-1")
     downgrade(empty_engine, "base")
     with empty_engine.connect() as c:
         left = [t for t in inspect(c).get_table_names() if t != "alembic_version"]
@@ -184,3 +191,29 @@ def test_0006_keeps_old_segments_as_unused_and_opens_attempts_of_running_tasks(e
         assert int(c.execute(text("SELECT count(*) FROM spend_records")).scalar_one()) == 1
     assert "task_attempts" not in names and not {"kind", "hours", "gpu_hours"} & columns
     upgrade(empty_engine)
+
+
+def test_0008_adds_and_drops_the_sealed_secret_env_column(empty_engine: Engine) -> None:
+    """0008 is a plain ADD/DROP COLUMN: the tasks (and their events) outlive a step
+    down to 0007 and back; the sealed values do not (documented), and an old row
+    reads as having no secret env."""
+    upgrade(empty_engine)
+    _fill(empty_engine)
+
+    def columns() -> set[str]:
+        with empty_engine.connect() as c:
+            return {col["name"] for col in inspect(c).get_columns("tasks")}
+
+    def sealed() -> list[Any]:
+        with empty_engine.connect() as c:
+            return [r[0] for r in c.execute(text("SELECT secret_env FROM tasks WHERE queue = 'cpu'"))]
+
+    assert "secret_env" in columns()
+    assert len(sealed()) == 1 and "v1." in str(sealed()[0]) and "'k'" not in str(sealed()[0])
+    before = _counts(empty_engine)
+    downgrade(empty_engine, "0007")
+    assert "secret_env" not in columns()
+    assert _counts(empty_engine) == before
+    upgrade(empty_engine, "0008")
+    assert "secret_env" in columns() and sealed() == [None]
+    assert _counts(empty_engine) == before

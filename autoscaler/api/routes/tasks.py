@@ -53,7 +53,14 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
                 raise Forbidden(f"a {principal.team} token cannot enqueue for team {body.team}")
             team = principal.team or ""
         spec = ops.TaskSpec(**body.model_dump(exclude={"team"}))
-        task = ops.enqueue(s, spec, team=team, now=ctx.clock.now(), shapes=Catalog.from_config(ctx.config))
+        task = ops.enqueue(
+            s,
+            spec,
+            team=team,
+            now=ctx.clock.now(),
+            shapes=Catalog.from_config(ctx.config),
+            secret_keys=ctx.secret_keys,
+        )
     ctx.wake("enqueue")
     return task
 

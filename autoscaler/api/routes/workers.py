@@ -3,15 +3,20 @@ deregister) and what admins see (list, get, drain)."""
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.api.schemas import (
     DrainIn,
     FinishIn,
     HeartbeatIn,
     HeartbeatOut,
+    LeasedTaskOut,
     LeaseOut,
     LogsIn,
     RegisterIn,
@@ -19,10 +24,12 @@ from autoscaler.api.schemas import (
     TaskOut,
     WorkerOut,
 )
+from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
-from autoscaler.state.models import Worker
+from autoscaler.state.models import Task, Worker
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
 
@@ -88,7 +95,28 @@ def lease(worker_id: str, auth: Auth, ctx: Ctx) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
         task = task_ops.lease(s, worker_id, now=ctx.clock.now())
-        return LeaseOut(task=TaskOut.model_validate(task) if task else None)
+        return LeaseOut(task=leased_task(s, ctx, worker_id, task) if task else None)
+
+
+def leased_task(session: Session, ctx: AppContext, worker_id: str, task: Task) -> LeasedTaskOut | None:
+    """The leased task for its worker, secret env opened. A secret that does not open
+    (its key was removed from the key file) fails the task now, with the reason in its
+    history, instead of leaving it at the head of its queue for every poll to trip on."""
+    base = TaskOut.model_validate(task).model_dump()
+    if not task.secret_env:
+        return LeasedTaskOut(**{**base, "secret_env": {}})
+    try:
+        if ctx.secret_keys is None:
+            raise SecretUnavailable("this server process has no secret key (server.secret_key_file)")
+        opened = ctx.secret_keys.open_all(task.id, task.secret_env)
+    except SecretUnavailable as exc:
+        log.error("task %s: cannot open its secret env, failing it: %s", task.id, exc.message)
+        task_ops.finish(
+            session, worker_id, task.id, now=ctx.clock.now(), reason="start_failed",
+            detail=f"secret env cannot be opened: {exc.message}"[:2000],
+        )
+        return None
+    return LeasedTaskOut(**{**base, "secret_env": opened})
 
 
 @router.post("/{worker_id}/tasks/{task_id}/start", response_model=TaskOut)
