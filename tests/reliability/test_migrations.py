@@ -143,7 +143,9 @@ def test_0005_adds_failures_and_retry_codes_and_backfills_past_failures(empty_en
         rows = {r[0]: (r[1], r[2]) for r in c.execute(text("SELECT id, failures, retry_on_exit_codes FROM tasks"))}
     assert rows[ids[0]] == (1, None) and rows[ids[1]] == (0, None)
     assert all(f == 0 for tid, (f, _) in rows.items() if tid != ids[0])
-    # The domain code works on the upgraded schema: a retry list round-trips.
+    # The domain code works on the upgraded schema (at head: the models have later
+    # revisions' columns too): a retry list round-trips.
+    upgrade(empty_engine)
     sessions = session_factory(empty_engine)
     with transaction(sessions) as s:
         task = task_ops.enqueue(
