@@ -68,8 +68,8 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
         and by_resource["i-a"]["PricingCategory"] == "Dynamic"
     )
     assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 and by_resource["i-a"]["ListUnitPrice"] == 1.25
-    assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00+00:00"
-    assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00+00:00"
+    assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00Z"
+    assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00Z"
     assert json.loads(by_resource["i-c"]["Tags"]) == {"team": "nlp", "pool": "gpu-pool", "cost_kind": "unused"}
     assert (by_resource["i-c"]["x_Team"], by_resource["i-c"]["x_Pool"]) == ("nlp", "gpu-pool")
     assert all(r["BilledCost"] == r["EffectiveCost"] for r in rows)
@@ -102,7 +102,7 @@ def test_ledger_splits_at_month_end_and_each_export_sums_to_its_month(live_serve
         april_total = sum(month_to_date(s, datetime(2026, 4, 1, tzinfo=UTC)).values())
     assert [r["BilledCost"] for r in march] == [4.0] and [r["BilledCost"] for r in april] == [6.0]
     assert total(march) == march_total and total(april) == april_total
-    assert march[0]["ChargePeriodEnd"] == "2026-04-01T00:00:00+00:00" == april[0]["ChargePeriodStart"]
+    assert march[0]["ChargePeriodEnd"] == "2026-04-01T00:00:00Z" == april[0]["ChargePeriodStart"]
     assert march[0]["ConsumedQuantity"] == 4.0 and march[0]["x_CostKind"] == "unused"
 
 
