@@ -16,7 +16,9 @@ VERSION="${FOCUS_VALIDATOR_VERSION:-1.0.0}"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-autoscaler-tests"
 VENV="$CACHE/focus-validator-$VERSION"
 STAMP="$VENV/.installed"
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import focus_validator" >/dev/null 2>&1 && [ -x "$VENV/bin/focus-validator" ]; then
+# The quick check finds the package without importing it (pandas takes seconds to load).
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/focus-validator" ] \
+  && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('focus_validator') is None)" 2>/dev/null; then
   echo "$VENV/bin/focus-validator"
   exit 0
 fi

@@ -67,7 +67,14 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
         by_resource["i-c"]["PricingCategory"] == "Standard"
         and by_resource["i-a"]["PricingCategory"] == "Dynamic"
     )
-    assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 and by_resource["i-a"]["ListUnitPrice"] == 1.25
+    assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 == by_resource["i-a"]["PricingQuantity"]
+    # Contracted = the price the ledger recorded; list = the pool's on-demand price for g.1.
+    assert (by_resource["i-a"]["ContractedUnitPrice"], by_resource["i-a"]["ContractedCost"]) == (1.25, 12.5)
+    assert (by_resource["i-a"]["ListUnitPrice"], by_resource["i-a"]["ListCost"]) == (1.0, 10.0)
+    assert by_resource["i-a"]["BillingAccountId"] == "test" and by_resource["i-c"]["SubAccountId"] == "nlp"
+    assert by_resource["i-a"]["BillingPeriodStart"] == "2026-03-01T00:00:00Z"
+    assert by_resource["i-a"]["BillingPeriodEnd"] == "2026-04-01T00:00:00Z"
+    assert by_resource["i-a"]["ServiceName"] == "GPU autoscaler compute" and by_resource["i-a"]["ChargeClass"] is None
     assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00Z"
     assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00Z"
     assert json.loads(by_resource["i-c"]["Tags"]) == {"team": "nlp", "pool": "gpu-pool", "cost_kind": "unused"}
