@@ -25,12 +25,8 @@ _register()
 def _ledger_rows(live_server: LiveServer) -> None:
     ctx = live_server.ctx
     add_spend(ctx, team="vision", start=datetime(2026, 2, 27, tzinfo=UTC), hours=5, price=3.0)  # February
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a"
-    )
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b"
-    )
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a")
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b")
     add_spend(
         ctx,
         team="nlp",
@@ -63,10 +59,7 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
     assert len(rows) == 3
     assert total(rows) == 12.5 + 1.0 + 14.0 == _ledger_total(live_server)
     by_resource = {r["ResourceId"]: r for r in rows}
-    assert (
-        by_resource["i-c"]["PricingCategory"] == "Standard"
-        and by_resource["i-a"]["PricingCategory"] == "Dynamic"
-    )
+    assert by_resource["i-c"]["PricingCategory"] == "Standard" and by_resource["i-a"]["PricingCategory"] == "Dynamic"
     assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 == by_resource["i-a"]["PricingQuantity"]
     # Contracted = the price the ledger recorded; list = the pool's on-demand price for g.1.
     assert (by_resource["i-a"]["ContractedUnitPrice"], by_resource["i-a"]["ContractedCost"]) == (1.25, 12.5)
