@@ -300,7 +300,7 @@ def test_parquet_needs_pyarrow_or_writes_typed_columns(loop: tuple[Rig, LiveServ
     table = pq.read_table(out)
     assert table.column_names == COLUMNS
     assert str(table.schema.field("BilledCost").type) == "double"
-    assert str(table.schema.field("ChargePeriodStart").type) == "timestamp[s, tz=UTC]"
+    assert str(table.schema.field("ChargePeriodStart").type) == "timestamp[ms, tz=UTC]"
     assert sum(table.column("BilledCost").to_pylist()) == pytest.approx(_ledger(rig, MARCH), abs=1e-5)
 
 

@@ -293,7 +293,7 @@ def to_parquet(rows: Iterable[Mapping[str, Any]], path: Path, *, strict: bool = 
         if name in DECIMAL_COLUMNS:
             fields.append(pa.field(name, pa.float64()))
         elif name in DATETIME_COLUMNS:
-            fields.append(pa.field(name, pa.timestamp("s", tz="UTC")))
+            fields.append(pa.field(name, pa.timestamp("ms", tz="UTC")))
         else:
             fields.append(pa.field(name, pa.string()))
     schema = pa.schema(fields)
