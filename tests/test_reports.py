@@ -25,12 +25,8 @@ _register()
 def _ledger_rows(live_server: LiveServer) -> None:
     ctx = live_server.ctx
     add_spend(ctx, team="vision", start=datetime(2026, 2, 27, tzinfo=UTC), hours=5, price=3.0)  # February
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a"
-    )
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b"
-    )
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a")
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b")
     add_spend(
         ctx,
         team="nlp",
@@ -63,13 +59,17 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
     assert len(rows) == 3
     assert total(rows) == 12.5 + 1.0 + 14.0 == _ledger_total(live_server)
     by_resource = {r["ResourceId"]: r for r in rows}
-    assert (
-        by_resource["i-c"]["PricingCategory"] == "Standard"
-        and by_resource["i-a"]["PricingCategory"] == "Dynamic"
-    )
-    assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 and by_resource["i-a"]["ListUnitPrice"] == 1.25
-    assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00+00:00"
-    assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00+00:00"
+    assert by_resource["i-c"]["PricingCategory"] == "Standard" and by_resource["i-a"]["PricingCategory"] == "Dynamic"
+    assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 == by_resource["i-a"]["PricingQuantity"]
+    # Contracted = the price the ledger recorded; list = the pool's on-demand price for g.1.
+    assert (by_resource["i-a"]["ContractedUnitPrice"], by_resource["i-a"]["ContractedCost"]) == (1.25, 12.5)
+    assert (by_resource["i-a"]["ListUnitPrice"], by_resource["i-a"]["ListCost"]) == (1.0, 10.0)
+    assert by_resource["i-a"]["BillingAccountId"] == "test" and by_resource["i-c"]["SubAccountId"] == "nlp"
+    assert by_resource["i-a"]["BillingPeriodStart"] == "2026-03-01T00:00:00Z"
+    assert by_resource["i-a"]["BillingPeriodEnd"] == "2026-04-01T00:00:00Z"
+    assert by_resource["i-a"]["ServiceName"] == "GPU autoscaler compute" and by_resource["i-a"]["ChargeClass"] is None
+    assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00Z"
+    assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00Z"
     assert json.loads(by_resource["i-c"]["Tags"]) == {"team": "nlp", "pool": "gpu-pool", "cost_kind": "unused"}
     assert (by_resource["i-c"]["x_Team"], by_resource["i-c"]["x_Pool"]) == ("nlp", "gpu-pool")
     assert all(r["BilledCost"] == r["EffectiveCost"] for r in rows)
@@ -102,7 +102,7 @@ def test_ledger_splits_at_month_end_and_each_export_sums_to_its_month(live_serve
         april_total = sum(month_to_date(s, datetime(2026, 4, 1, tzinfo=UTC)).values())
     assert [r["BilledCost"] for r in march] == [4.0] and [r["BilledCost"] for r in april] == [6.0]
     assert total(march) == march_total and total(april) == april_total
-    assert march[0]["ChargePeriodEnd"] == "2026-04-01T00:00:00+00:00" == april[0]["ChargePeriodStart"]
+    assert march[0]["ChargePeriodEnd"] == "2026-04-01T00:00:00Z" == april[0]["ChargePeriodStart"]
     assert march[0]["ConsumedQuantity"] == 4.0 and march[0]["x_CostKind"] == "unused"
 
 

@@ -1,5 +1,6 @@
-"""CLI views for people: `autoscaler spend` (a month's spend as a table, JSON or FOCUS
-CSV) and `autoscaler top` (a live terminal view of queues and the fleet)."""
+"""CLI views for people: `autoscaler spend` (a month's spend as a table, JSON, or a
+FOCUS 1.0 export in CSV or Parquet) and `autoscaler top` (a live terminal view of queues
+and the fleet)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, ServerOpt, TokenOpt, client, out, print_json
 from autoscaler.client import ApiClient
 from autoscaler.ledger.period import parse_month
-from autoscaler.reports.focus import to_csv
+from autoscaler.reports.focus import ParquetUnavailable, to_csv, to_parquet
 
-Format = Literal["table", "json", "csv"]
+Format = Literal["table", "json", "csv", "focus"]
 
 
 def _spend_table(report: dict[str, Any]) -> Table:
@@ -30,9 +31,7 @@ def _spend_table(report: dict[str, Any]) -> Table:
         key = (row["x_Team"], row["x_Pool"], row["SkuId"], row["x_CapacityType"])
         groups[key][0] += float(row["ConsumedQuantity"])
         groups[key][1] += float(row["BilledCost"])
-    table = Table(
-        title=f"Spend {report['month']}" + (f" · team {report['team']}" if report.get("team") else "")
-    )
+    table = Table(title=f"Spend {report['month']}" + (f" · team {report['team']}" if report.get("team") else ""))
     for col, justify in (
         ("team", "left"),
         ("pool", "left"),
@@ -53,25 +52,47 @@ def _spend_table(report: dict[str, Any]) -> Table:
 def spend(
     month: Annotated[str | None, typer.Option("--month", help="YYYY-MM (default: this month, UTC).")] = None,
     format: Annotated[
-        Format, typer.Option("--format", "-f", help="table, json or csv (FOCUS columns).")
+        Format,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table, json, or focus: the FOCUS 1.0 export (CSV; Parquet when --output ends in "
+            ".parquet and pyarrow is installed). csv is the same CSV as focus.",
+        ),
     ] = "table",
     team: Annotated[str | None, typer.Option("--team", help="Admins: one team only.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="focus/csv: only FOCUS 1.0 and x_ columns (drop the legacy aliases)."),
+    ] = False,
     server: ServerOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
 ) -> None:
-    """A month's spend per instance segment: table, JSON, or CSV with FOCUS column names."""
+    """A month's spend per instance segment: table, JSON, or a FOCUS 1.0 export."""
     if month is not None:
         parse_month(month)  # a malformed month fails here, before any request
+    parquet = output is not None and output.suffix.lower() == ".parquet"
+    if parquet and format not in ("focus", "csv"):
+        raise typer.BadParameter("a .parquet output needs --format focus", param_hint="--output")
     report = client(server, token, home).get("/api/v1/reports/spend", month=month, team=team)
     if format == "table":
         out.print(_spend_table(report))
         return
-    text = to_csv(report["rows"]) if format == "csv" else json.dumps(report, indent=2) + "\n"
+    summary = f"{len(report['rows'])} rows ({report['total_usd']:.2f} USD)"
+    if parquet:
+        assert output is not None
+        try:
+            to_parquet(report["rows"], output, strict=strict)
+        except ParquetUnavailable as exc:
+            raise typer.BadParameter(str(exc), param_hint="--output") from None
+        out.print(f"wrote {summary} to {output} (FOCUS {report.get('focus_version', '1.0')}, Parquet)")
+        return
+    text = json.dumps(report, indent=2) + "\n" if format == "json" else to_csv(report["rows"], strict=strict)
     if output is not None:
         output.write_text(text)
-        out.print(f"wrote {len(report['rows'])} rows ({report['total_usd']:.2f} USD) to {output}")
+        out.print(f"wrote {summary} to {output}")
     elif format == "json":
         print_json(report)
     else:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.reports.spend import TeamSpend
-from autoscaler.state.models import DecisionRecord, Instance, Task, TaskEvent, Worker
+from autoscaler.state.models import DecisionRecord, Instance, InstanceEvent, Task, TaskEvent, Worker
 
 LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
 LIVE_WORKER_STATES = ("idle", "busy", "draining")
@@ -77,9 +77,7 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
     yield instances
     if team is not None:
         return  # workers carry no team; shared machines are the operators' view
-    workers = GaugeMetricFamily(
-        "autoscaler_workers", "Live workers by pool and state.", labels=["pool", "state"]
-    )
+    workers = GaugeMetricFamily("autoscaler_workers", "Live workers by pool and state.", labels=["pool", "state"])
     for pool, state, n in session.execute(
         select(Worker.pool, Worker.state, func.count())
         .where(Worker.state.in_(LIVE_WORKER_STATES))
@@ -110,10 +108,51 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
         )
 
 
-def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
-    mtd = GaugeMetricFamily(
-        "autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"]
+# Transitions counted for the shipped alerting rules (deploy/prometheus/): launches
+# (booting = the provider returned an instance), refusals, boot timeouts, losses.
+COUNTED_TRANSITIONS = ("launching", "booting", "launch_failed", "boot_timeout", "lost", "preempted")
+
+
+def _lifecycle_families(session: Session, now: datetime, team: str | None) -> Iterator[Metric]:
+    """Instance lifecycle counters (from the event history, so they survive restarts
+    and agree across API processes) and the age of the oldest machine still booting."""
+    transitions = CounterMetricFamily(
+        "autoscaler_instance_transitions",
+        "Instance state changes by pool and new state (launching, booting = launched, launch_failed, "
+        "boot_timeout, lost, preempted).",
+        labels=["pool", "state"],
     )
+    stmt = (
+        select(Instance.pool, InstanceEvent.to_state, func.count())
+        .join(Instance, Instance.id == InstanceEvent.instance_id)
+        .where(InstanceEvent.to_state.in_(COUNTED_TRANSITIONS))
+        .group_by(Instance.pool, InstanceEvent.to_state)
+    )
+    if team is not None:
+        stmt = stmt.where(Instance.team == team)
+    for pool, state, n in session.execute(stmt):
+        transitions.add_metric([pool, state], n)
+    yield transitions
+    booting = GaugeMetricFamily(
+        "autoscaler_instance_oldest_booting_seconds",
+        "Per pool, how long the oldest machine still booting (launched, agent not registered) has been up.",
+        labels=["pool"],
+    )
+    boot_stmt = (
+        select(Instance.pool, func.min(func.coalesce(Instance.launched_at, Instance.updated_at)))
+        .where(Instance.state == "booting")
+        .group_by(Instance.pool)
+    )
+    if team is not None:
+        boot_stmt = boot_stmt.where(Instance.team == team)
+    for pool, since in session.execute(boot_stmt):
+        if since is not None:
+            booting.add_metric([pool], max(0.0, (now - since).total_seconds()))
+    yield booting
+
+
+def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
+    mtd = GaugeMetricFamily("autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"])
     burn = GaugeMetricFamily(
         "autoscaler_team_burn_usd_per_hour",
         "USD per hour billed to the team now: its tasks' share of machines plus free capacity it launched.",
@@ -122,9 +161,7 @@ def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
     forecast = GaugeMetricFamily(
         "autoscaler_team_spend_forecast_usd", "Month-end spend forecast per team (USD).", labels=["team"]
     )
-    budget = GaugeMetricFamily(
-        "autoscaler_team_budget_usd", "Monthly budget per team (USD).", labels=["team"]
-    )
+    budget = GaugeMetricFamily("autoscaler_team_budget_usd", "Monthly budget per team (USD).", labels=["team"])
     ratio = GaugeMetricFamily(
         "autoscaler_team_budget_ratio",
         "Month-to-date spend over monthly budget (1 = all spent).",
@@ -154,12 +191,11 @@ class SnapshotCollector(Collector):
         return self._families
 
 
-def snapshot_families(
-    session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None
-) -> list[Metric]:
+def snapshot_families(session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None) -> list[Metric]:
     return [
         *_queue_families(session, now, team),
         *_task_families(session, team),
         *_fleet_families(session, team),
+        *_lifecycle_families(session, now, team),
         *_spend_families(spend),
     ]

@@ -1,4 +1,5 @@
-"""`GET /api/v1/reports/spend`: one month's priced segments as FOCUS rows (JSON or CSV).
+"""`GET /api/v1/reports/spend`: one month's priced segments as FOCUS 1.0 rows (JSON, or
+CSV with `format=focus`; `format=csv` is the same CSV, kept for older clients).
 
 Team members get their own team's rows only; an admin gets every team's, or one
 team's with `team=`.
@@ -14,8 +15,8 @@ from fastapi.responses import PlainTextResponse
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.errors import Forbidden
 from autoscaler.ledger.period import month_of, parse_month
-from autoscaler.reports.focus import focus_row, to_csv, total
-from autoscaler.reports.spend import spend_lines
+from autoscaler.reports.focus import FOCUS_VERSION, focus_row, to_csv, total
+from autoscaler.reports.spend import list_prices, spend_lines
 
 router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
 
@@ -38,7 +39,7 @@ def spend_report(
     ctx: Ctx,
     month: str | None = None,
     team: str | None = None,
-    format: Literal["json", "csv"] = "json",
+    format: Literal["json", "csv", "focus"] = "json",
 ) -> dict[str, Any] | PlainTextResponse:
     month = month or month_of(ctx.clock.now())
     parse_month(month)  # a malformed month is refused before any query
@@ -47,11 +48,18 @@ def spend_report(
         if not principal.is_admin and not principal.team:
             raise Forbidden("this team token names no team")
         scope = team if principal.is_admin else principal.team
-        rows = [focus_row(line) for line in spend_lines(s, month, team=scope)]
-    if format == "csv":
+        lines = spend_lines(s, month, team=scope, prices=list_prices(ctx.config))
+        rows = [focus_row(line, deployment=ctx.config.deployment) for line in lines]
+    if format in ("csv", "focus"):
         return PlainTextResponse(
             to_csv(rows),
             media_type="text/csv",
             headers={"Content-Disposition": f'attachment; filename="spend-{month}.csv"'},
         )
-    return {"month": month, "team": scope, "total_usd": round(total(rows), 6), "rows": rows}
+    return {
+        "month": month,
+        "team": scope,
+        "focus_version": FOCUS_VERSION,
+        "total_usd": round(total(rows), 6),
+        "rows": rows,
+    }

@@ -8,7 +8,7 @@ export.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger import figures, segments
 from autoscaler.reports.focus import SpendLine
 from autoscaler.state.models import DecisionRecord
@@ -25,8 +26,27 @@ Level = Literal["ok", "info", "warning", "critical"]
 THRESHOLDS: tuple[tuple[float, Level], ...] = ((1.0, "critical"), (0.8, "warning"), (0.5, "info"))
 
 
-def spend_lines(session: Session, month: str, team: str | None = None) -> list[SpendLine]:
-    """The ledger's segments of `month` (YYYY-MM), as export lines."""
+def list_prices(config: AutoscalerConfig) -> dict[tuple[str, str], float]:
+    """(pool, instance type) -> on-demand price per hour, where the pool names one: the
+    list price of the FOCUS export (a spot segment's list cost is its on-demand cost)."""
+    return {
+        (pool.name, itype.name): itype.on_demand_price
+        for pool in config.pools
+        for itype in pool.instance_types
+        if itype.on_demand_price is not None
+    }
+
+
+def spend_lines(
+    session: Session,
+    month: str,
+    team: str | None = None,
+    *,
+    prices: Mapping[tuple[str, str], float] | None = None,
+) -> list[SpendLine]:
+    """The ledger's segments of `month` (YYYY-MM), as export lines; `prices` (from
+    `list_prices`) gives each line its list price."""
+    prices = prices or {}
     return [
         SpendLine(
             instance_id=r.instance_id,
@@ -43,6 +63,7 @@ def spend_lines(session: Session, month: str, team: str | None = None) -> list[S
             cost_usd=r.cost_usd,
             hours=r.hours,
             gpu_hours=r.gpu_hours,
+            list_price=prices.get((r.pool, r.instance_type)),
         )
         for r in segments(session, month, team)
     ]
