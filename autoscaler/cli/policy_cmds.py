@@ -37,7 +37,7 @@ def _engine(directory: Path, package: str, *, with_cases: bool) -> tuple[Any, Em
         # One line per problem (a data file against its schema can have many), then
         # the count as the error that ends the command.
         for p in exc.problems:
-            out.print(f"[red]{p}[/red]")
+            out.print(Text(str(p), style="red"))
         summary = exc.message.split(": ", 1)[0] if ": " in exc.message else exc.message
         raise PolicyError(f"{len(exc.problems)} problem(s) in {directory}: {summary}") from None
     return bundle, EmbeddedEngine(bundle, package=package, isolate=False)

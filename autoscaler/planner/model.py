@@ -80,6 +80,7 @@ class PoolView:
     blocked: frozenset[str] = frozenset()
     backoff_until: datetime | None = None
     tenancy: str = "team"  # team | shared: may teams share a machine
+    unused_cost: str = "launcher"  # launcher | shared: who pays for free GPUs (the ledger's rule)
 
     def is_blocked(self, offering: OfferingView) -> bool:
         b = self.blocked

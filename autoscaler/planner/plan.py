@@ -845,7 +845,7 @@ def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str |
         pool.name,
         inst.gpus or gpus,
         inst.hourly_price,
-        inst.team,
+        inst.team if pool.unused_cost != "shared" else None,
         inst.capacity_type,
         exclusive=exclusive,
         tenant=inst.team or tenant,

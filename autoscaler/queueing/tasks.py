@@ -265,11 +265,13 @@ def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) ->
     holders = {t.team for t in active}
     if inst is None:
         return Machine(worker.pool, worker.gpu_count, exclusive=exclusive, tenant=min(holders, default=None))
+    # The ledger charges free GPUs to the launcher, or to `shared` under unused_cost: shared.
+    charged = inst.team if worker.unused_cost != "shared" else None
     return Machine(
         worker.pool,
         inst.gpus or worker.gpu_count,
         inst.hourly_price,
-        inst.team,
+        charged,
         inst.capacity_type,
         exclusive=exclusive,
         tenant=inst.team or min(holders, default=None),

@@ -35,6 +35,7 @@ class Registration:
     simulated_gpus: bool = False
     agent_version: str = ""
     tenancy: str = "team"
+    unused_cost: str = "launcher"
 
 
 def register(session: Session, join: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
@@ -67,6 +68,7 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
         idle_since=now,
         agent_version=reg.agent_version[:32],
         tenancy=reg.tenancy,
+        unused_cost=reg.unused_cost,
     )
     session.add(worker)
     session.flush()

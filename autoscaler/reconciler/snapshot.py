@@ -257,6 +257,7 @@ def observe(
             blocked=frozenset(blocked.get(p.name, ())),
             backoff_until=pool_state[p.name].backoff_until if p.name in pool_state else None,
             tenancy=p.tenancy,
+            unused_cost=p.unused_cost,
         )
         for p in config.pools
     )

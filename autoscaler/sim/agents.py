@@ -75,6 +75,7 @@ class AgentOps:
         gpu_type: str | None,
         price_per_gpu_h: float,
         tenancy: str = "team",
+        unused_cost: str = "launcher",
     ) -> SimAgent:
         with transaction(self.sessions) as s:
             _, join = create_token(s, kind="join", now=now, pool=pool)
@@ -87,6 +88,7 @@ class AgentOps:
                 simulated_gpus=True,
                 agent_version="sim",
                 tenancy=tenancy,
+                unused_cost=unused_cost,
             )
             worker, _ = worker_ops.register(s, join, reg, now=now)
             wid = worker.id

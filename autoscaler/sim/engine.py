@@ -484,7 +484,8 @@ class Simulation:
             gpus=track.gpus,
             gpu_type=gpu_type,
             price_per_gpu_h=track.price / max(track.gpus, 1),
-            tenancy=_tenancy(self.config.pool(track.pool)),
+            tenancy=_pool_setting(self.config.pool(track.pool), "tenancy", "team"),
+            unused_cost=_pool_setting(self.config.pool(track.pool), "unused_cost", "launcher"),
         )
         track.ready_s = self.now_s
         self.agents[agent.worker_id] = agent
@@ -685,5 +686,6 @@ def _month_turn_s(start: datetime, now_s: float) -> float:
     return (nxt - start).total_seconds()
 
 
-def _tenancy(pool: PoolConfig | None) -> str:
-    return pool.tenancy if pool is not None else "team"
+def _pool_setting(pool: PoolConfig | None, key: str, default: str) -> str:
+    """A pool's tenancy or unused_cost as its agents register it (the real API's rule)."""
+    return str(getattr(pool, key)) if pool is not None else default

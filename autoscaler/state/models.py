@@ -236,6 +236,8 @@ class Worker(Base):
     agent_version: Mapped[str] = mapped_column(String(32), default="")
     # Its pool's tenancy when it registered: "team" (one team's work at a time) or "shared".
     tenancy: Mapped[str] = mapped_column(String(8), default="team", server_default="team")
+    # Its pool's `unused_cost` when it registered: who pays for its free GPUs.
+    unused_cost: Mapped[str] = mapped_column(String(8), default="launcher", server_default="launcher")
 
 
 class Instance(Base):

@@ -13,7 +13,9 @@ from autoscaler.sim.runner import run_simulation
 from autoscaler.sim.workload import TraceTask, Workload
 
 
-def one_pool(teams: tuple[str, ...], *, spot: float = 1.0, on_demand: float = 2.0, gpus: int = 1) -> AutoscalerConfig:
+def one_pool(
+    teams: tuple[str, ...], *, spot: float = 1.0, on_demand: float = 2.0, gpus: int = 1, tenancy: str = "team"
+) -> AutoscalerConfig:
     pool = PoolConfig(
         name="p",
         provider="fake",
@@ -22,6 +24,7 @@ def one_pool(teams: tuple[str, ...], *, spot: float = 1.0, on_demand: float = 2.
         instance_types=[InstanceTypeConfig(name="g1", gpus=gpus, gpu_type="V100", on_demand_price=on_demand, spot_price=spot)],
         max_instances=50,
         idle_timeout_s=300,
+        tenancy=tenancy,  # type: ignore[arg-type]
     )
     return AutoscalerConfig(
         deployment="sim",

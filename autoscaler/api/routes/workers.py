@@ -34,12 +34,13 @@ router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
 
 
-def _tenancy(ctx: Ctx, pool: str) -> str:
-    """The pool's tenancy; "team" (the safe answer) for a pool the config does not name."""
+def _pool_setting(ctx: Ctx, pool: str, key: str, default: str) -> str:
+    """A pool's tenancy or unused_cost, recorded on its workers for the lease gate;
+    `default` for a pool the config does not name."""
     for p in ctx.config.pools:
         if p.name == pool:
-            return p.tenancy
-    return "team"
+            return str(getattr(p, key))
+    return default
 
 
 @router.post("/register", response_model=RegisterOut, status_code=201)
@@ -56,7 +57,8 @@ def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
             memory_mb=body.memory_mb,
             simulated_gpus=any(g.simulated for g in body.gpus),
             agent_version=body.agent_version,
-            tenancy=_tenancy(ctx, body.pool),
+            tenancy=_pool_setting(ctx, body.pool, "tenancy", "team"),
+            unused_cost=_pool_setting(ctx, body.pool, "unused_cost", "launcher"),
         )
         worker, token = ops.register(s, join, reg, now=ctx.clock.now())
     ctx.wake("worker registered")

@@ -1,4 +1,4 @@
-"""team_admission, tasks.reclaim_requested, workers.tenancy (admission at lease time)
+"""team_admission, tasks.reclaim_requested, workers.tenancy/unused_cost (admission at lease time)
 
 Revision ID: 0004
 Revises: 0003
@@ -38,11 +38,13 @@ def upgrade() -> None:
     )
     op.add_column("tasks", sa.Column("reclaim_requested", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column("workers", sa.Column("tenancy", sa.String(8), nullable=False, server_default="team"))
+    op.add_column("workers", sa.Column("unused_cost", sa.String(8), nullable=False, server_default="launcher"))
 
 
 def downgrade() -> None:
     # Plain ALTER TABLE (SQLite >= 3.35): batch mode would rebuild `tasks` and cascade
     # the delete into task_events.
+    op.drop_column("workers", "unused_cost")
     op.drop_column("workers", "tenancy")
     op.drop_column("tasks", "reclaim_requested")
     op.drop_table("team_admission")
