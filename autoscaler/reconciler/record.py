@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from autoscaler.config import NotificationsConfig
 from autoscaler.ledger.spend import accrue
+from autoscaler.notify.due import record_due
 from autoscaler.policy.schema import EvaluationResult
 from autoscaler.state.models import DecisionRecord, HistoryPoint
 
@@ -135,6 +137,7 @@ def record_cycle(
     accrue_since: datetime | None,
     detail: bool = True,
     shared: Collection[str] = (),
+    notifications: NotificationsConfig | None = None,
 ) -> int:
     """Write the cycle's decision row (and history points when `history`).
 
@@ -143,6 +146,9 @@ def record_cycle(
     outcome, plan counts) but not the snapshot summary, the plan's item lists or the
     explanation sentences, which cost more to build than the rest of the record. Spend
     is accrued either way: the ledger feeds the next cycle's policy input.
+
+    With `notifications`, the alerts this cycle makes due are recorded in the same
+    transaction (`autoscaler.notify.due`); a separate job delivers them.
     """
     accrue(s, now=now, since=accrue_since, shared=shared)
     summary: dict[str, Any] = {
@@ -176,6 +182,8 @@ def record_cycle(
     if history:
         _history(s, now, snap)
     s.flush()
+    if notifications is not None and detail:
+        record_due(s, now=now, snap=snap, evaluation=evaluation, result=result, config=notifications)
     return row.id
 
 
