@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from autoscaler.config import NotificationsConfig
 from autoscaler.ledger.period import month_of
 from autoscaler.policy.schema import EvaluationResult
+from autoscaler.reconciler.errors import BACKOFF_MAX_S
 from autoscaler.state.models import AlertCondition, AlertDelivery, AlertEvent
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 FLEET = "-"  # the route filter that matches alerts of no team
 CONDITION_PREFIXES = ("pool_backoff/", "fail_safe")
+# A condition not seen for this long is over (the longest launch backoff).
+GRACE = timedelta(seconds=BACKOFF_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,9 @@ def _conditions(snap: Snapshot, evaluation: EvaluationResult, now: datetime) -> 
     """Ongoing conditions this cycle: key -> what it is."""
     active: dict[str, str] = {}
     for p in snap.pools:
-        if p.backoff_until is not None and p.backoff_until > now:
+        # Backing off, or its offerings still blocked after the errors (the planner then
+        # does not even try it): either way its demand cannot launch there.
+        if p.backoff_until is not None and (p.backoff_until > now or p.blocked):
             active[f"pool_backoff/{p.name}"] = p.name
     if evaluation.decision.fail_safe or evaluation.error:
         active["fail_safe"] = evaluation.error or evaluation.decision.error or "policy failed"
@@ -143,9 +148,13 @@ def _conditions(snap: Snapshot, evaluation: EvaluationResult, now: datetime) -> 
 def condition_dues(
     s: Session, snap: Snapshot, evaluation: EvaluationResult, now: datetime, config: NotificationsConfig
 ) -> list[Due]:
+    """A condition is one episode while it is seen at least every GRACE (a pool's
+    backoff lapses between retries; that is not a new episode)."""
     active = _conditions(snap, evaluation, now)
     rows = {c.key: c for c in s.scalars(select(AlertCondition))}
-    gone = [k for k in rows if k not in active and k.startswith(CONDITION_PREFIXES)]
+    gone = [
+        k for k, c in rows.items() if k not in active and k.startswith(CONDITION_PREFIXES) and now - c.last_seen > GRACE
+    ]
     if gone:
         s.execute(delete(AlertCondition).where(AlertCondition.key.in_(gone)))
     out = []
@@ -154,6 +163,8 @@ def condition_dues(
         if row is None:
             row = AlertCondition(key=key, since=now, last_seen=now)
             s.add(row)
+        elif now - row.last_seen > GRACE:
+            row.since = row.last_seen = now  # over for longer than the grace: a new episode
         else:
             row.last_seen = now
         lasted = now - row.since

@@ -4,8 +4,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.policy.service import PolicyService
+from autoscaler.state.db import make_engine, session_factory
 from tests.notify.receivers import Alertmanager, HttpReceiver, SmtpServer
+from tests.reconciler.harness import policy_service
 
 SECRET = "hook-secret"
 
@@ -53,3 +57,17 @@ def channels_yaml(hook: HttpReceiver, slack: HttpReceiver, smtp: SmtpServer, ale
         f"{am}"
         "  retry: {initial_s: 5, max_s: 60}\n"
     )
+
+
+@pytest.fixture(scope="module")
+def shipped_policy() -> Iterator[PolicyService]:
+    svc = policy_service()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def sqlite_sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(sqlite_url)
+    yield session_factory(engine)
+    engine.dispose()
