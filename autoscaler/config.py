@@ -161,6 +161,12 @@ class SlackChannel(_Strict):
     url_env: str | None = Field(None, description="Environment variable holding the webhook URL (it is a secret).")
     timeout_s: float = Field(10.0, gt=0)
 
+    @model_validator(mode="after")
+    def _has_url(self) -> SlackChannel:
+        if not self.url and not self.url_env:
+            raise ValueError(f"channel {self.name!r}: set url or url_env")
+        return self
+
 
 class EmailChannel(_Strict):
     """Mail over SMTP; STARTTLS unless `starttls: false`; AUTH when a username is set."""
