@@ -288,7 +288,7 @@ class GracefulServer(uvicorn.Server):
 
 
 # The full loop of `autoscaler up`, in order: the policy service, then the reconciler
-# (which evaluates through it and builds the pools' providers).
+# (which evaluates through it and builds the pools' providers), then alert delivery.
 from autoscaler.notify.component import notify_component  # noqa: E402
 from autoscaler.policy.component import policy_component  # noqa: E402
 from autoscaler.reconciler.component import reconciler_component  # noqa: E402

@@ -8,6 +8,7 @@ was planned and done, and why in plain words), history points for charts, and sp
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Collection
 from datetime import datetime
@@ -20,6 +21,8 @@ from autoscaler.ledger.spend import accrue
 from autoscaler.notify.due import record_due
 from autoscaler.policy.schema import EvaluationResult
 from autoscaler.state.models import DecisionRecord, HistoryPoint
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from autoscaler.reconciler.cycle import CycleResult
@@ -183,7 +186,12 @@ def record_cycle(
         _history(s, now, snap)
     s.flush()
     if notifications is not None and detail:
-        record_due(s, now=now, snap=snap, evaluation=evaluation, result=result, config=notifications)
+        try:
+            # A savepoint: a bug in working out alerts must not cost the cycle its record.
+            with s.begin_nested():
+                record_due(s, now=now, snap=snap, evaluation=evaluation, result=result, config=notifications)
+        except Exception:
+            log.exception("recording this cycle's alerts failed; the next cycle records them")
     return row.id
 
 

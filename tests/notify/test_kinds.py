@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -152,3 +153,22 @@ def test_hard_budget_freeze_on_the_forecast_and_the_forecast_threshold(
         assert all(channels == ["finops"] for _, _, channels in events)
     finally:
         policy.close()
+
+
+def test_a_failure_working_out_alerts_does_not_cost_the_cycle_its_record(
+    sqlite_sessions: sessionmaker[Session],
+    clock: ManualClock,
+    shipped_policy: PolicyService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import autoscaler.reconciler.record as record_mod
+    from autoscaler.state.models import DecisionRecord
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(record_mod, "record_due", boom)
+    rig = make_rig(sqlite_sessions, parse_config(TEST_CONFIG + NOTIFY, Path("t.yaml")), clock, shipped_policy)
+    res = rig.reconciler().run_cycle()
+    with rig.sessions() as s:
+        assert s.get(DecisionRecord, res.decision_id) is not None
