@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -137,6 +137,120 @@ class ServerConfig(_Strict):
     )
 
 
+class RetryConfig(_Strict):
+    """Backoff between delivery attempts: initial_s, doubled each failure, capped at max_s."""
+
+    initial_s: float = Field(10.0, gt=0)
+    max_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(0, ge=0, description="Give up after this many attempts; 0 = never give up.")
+
+
+class WebhookChannel(_Strict):
+    """POST of the documented JSON body (docs/operations.md), optionally HMAC-signed."""
+
+    name: str = Field(pattern=NAME_RE)
+    type: Literal["webhook"]
+    url: str
+    secret: str | None = Field(None, description="HMAC-SHA256 key for the X-Autoscaler-Signature header.")
+    secret_env: str | None = Field(None, description="Environment variable holding the HMAC key.")
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class SlackChannel(_Strict):
+    """A Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat): `{"text": ...}`."""
+
+    name: str = Field(pattern=NAME_RE)
+    type: Literal["slack"]
+    url: str | None = None
+    url_env: str | None = Field(None, description="Environment variable holding the webhook URL (it is a secret).")
+    timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _has_url(self) -> SlackChannel:
+        if not self.url and not self.url_env:
+            raise ValueError(f"channel {self.name!r}: set url or url_env")
+        return self
+
+
+class EmailChannel(_Strict):
+    """Mail over SMTP; STARTTLS unless `starttls: false`; AUTH when a username is set."""
+
+    name: str = Field(pattern=NAME_RE)
+    type: Literal["email"]
+    host: str
+    port: int = Field(587, ge=1, le=65535)
+    starttls: bool = True
+    ca_file: str | None = Field(None, description="CA bundle to verify the server's certificate (default: system).")
+    username: str | None = None
+    username_env: str | None = None
+    password: str | None = None
+    password_env: str | None = Field(None, description="Environment variable holding the SMTP password.")
+    sender: str = Field(alias="from")
+    to: list[str] = Field(min_length=1)
+    timeout_s: float = Field(10.0, gt=0)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class AlertmanagerChannel(_Strict):
+    """Prometheus Alertmanager, API v2 (`POST <url>/api/v2/alerts`)."""
+
+    name: str = Field(pattern=NAME_RE)
+    type: Literal["alertmanager"]
+    url: str = Field(description="Base URL, e.g. http://alertmanager:9093.")
+    timeout_s: float = Field(10.0, gt=0)
+    active_for_s: float = Field(
+        3600.0, gt=0, description="endsAt of a non-budget alert; a budget alert lasts until its period ends."
+    )
+
+
+ChannelConfig = Annotated[
+    WebhookChannel | SlackChannel | EmailChannel | AlertmanagerChannel, Field(discriminator="type")
+]
+AlertKind = Literal["budget", "budget_freeze", "budget_drain", "pool_backoff", "never_registered", "fail_safe"]
+AlertLevel = Literal["info", "warning", "critical"]
+
+
+class RouteConfig(_Strict):
+    """Alerts matching every given filter go to `channels` (an empty filter matches all)."""
+
+    channels: list[str] = Field(min_length=1)
+    teams: list[str] = Field(default_factory=list, description='Team names; "-" matches fleet alerts (no team).')
+    levels: list[AlertLevel] = Field(default_factory=list)
+    kinds: list[AlertKind] = Field(default_factory=list)
+
+
+class NotificationsConfig(_Strict):
+    channels: list[ChannelConfig] = Field(default_factory=list)
+    routes: list[RouteConfig] = Field(default_factory=list, description="Empty: every alert goes to every channel.")
+    interval_s: float = Field(10.0, gt=0, description="How often pending deliveries are sent.")
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    pool_backoff_minutes: float = Field(15.0, ge=0, description="Alert when a pool stays in launch backoff this long.")
+    fail_safe_minutes: float = Field(0.0, ge=0, description="Alert when the policy fails safe for this long.")
+
+    @field_validator("channels")
+    @classmethod
+    def _unique_channels(cls, items: list[Any]) -> list[Any]:
+        names = [c.name for c in items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate channel name(s) {dup}")
+        return items
+
+    @model_validator(mode="after")
+    def _route_channels(self) -> NotificationsConfig:
+        known = {c.name for c in self.channels}
+        for route in self.routes:
+            for name in route.channels:
+                if name not in known:
+                    raise ValueError(f"route names unknown channel {name!r} (known: {sorted(known)})")
+        return self
+
+    def channel(self, name: str) -> ChannelConfig | None:
+        return next((c for c in self.channels if c.name == name), None)
+
+
 class AutoscalerConfig(_Strict):
     deployment: str = Field("autoscaler", pattern=NAME_RE, description="Owner tag on every instance.")
     database_url: str | None = None
@@ -146,6 +260,7 @@ class AutoscalerConfig(_Strict):
     pools: list[PoolConfig] = Field(default_factory=list)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+    notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
 
     @field_validator("teams", "queues", "pools")
     @classmethod

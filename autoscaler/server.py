@@ -33,6 +33,7 @@ from autoscaler.clock import SystemClock
 from autoscaler.config import AutoscalerConfig
 from autoscaler.errors import ConfigError
 from autoscaler.ledger.routes import router as spend_router
+from autoscaler.notify.routes import router as alerts_router
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.queueing.unschedulable import review_queued
 from autoscaler.queueing.workers import expire_silent_workers
@@ -177,7 +178,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
         review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
     )
     # Spend is read-only and useful without the loop too (`autoscaler server`).
-    ctx.extras.setdefault("routers", []).append(spend_router)
+    ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
     if full_loop:
         for component in COMPONENTS:
             component(runtime)
@@ -205,7 +206,7 @@ def app_from_env() -> Any:
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, settings.home, create=False),
     )
-    ctx.extras.setdefault("routers", []).append(spend_router)
+    ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
     return create_app(ctx)
 
 
@@ -309,8 +310,9 @@ class GracefulServer(uvicorn.Server):
 
 
 # The full loop of `autoscaler up`, in order: the policy service, then the reconciler
-# (which evaluates through it and builds the pools' providers).
+# (which evaluates through it and builds the pools' providers), then alert delivery.
+from autoscaler.notify.component import notify_component  # noqa: E402
 from autoscaler.policy.component import policy_component  # noqa: E402
 from autoscaler.reconciler.component import reconciler_component  # noqa: E402
 
-COMPONENTS.extend([policy_component, reconciler_component])
+COMPONENTS.extend([policy_component, reconciler_component, notify_component])

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.notify.deliver import delivery_counts
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.reports.spend import TeamSpend
 from autoscaler.state.models import DecisionRecord, Instance, InstanceEvent, Task, TaskEvent, Worker
@@ -191,11 +192,25 @@ class SnapshotCollector(Collector):
         return self._families
 
 
-def snapshot_families(session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None) -> list[Metric]:
+def _alert_families(session: Session, team: str | None) -> Iterator[Metric]:
+    deliveries = GaugeMetricFamily(
+        "autoscaler_alert_deliveries",
+        "Alert deliveries by channel and status (pending, delivered, failed).",
+        labels=["channel", "status"],
+    )
+    for (channel, status), n in sorted(delivery_counts(session, team).items()):
+        deliveries.add_metric([channel, status], n)
+    yield deliveries
+
+
+def snapshot_families(
+    session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None
+) -> list[Metric]:
     return [
         *_queue_families(session, now, team),
         *_task_families(session, team),
         *_fleet_families(session, team),
         *_lifecycle_families(session, now, team),
         *_spend_families(spend),
+        *_alert_families(session, team),
     ]

@@ -208,6 +208,7 @@ class Reconciler:
                 accrue_since=self._last_accrual,
                 detail=self.record_detail,
                 shared=shared_pools(self.config),
+                notifications=self.config.notifications,
             )
         if history:
             self._last_history = now

@@ -8,6 +8,7 @@ was planned and done, and why in plain words), history points for charts, and sp
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Collection
 from datetime import datetime
@@ -15,9 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from autoscaler.config import NotificationsConfig
 from autoscaler.ledger.spend import accrue
+from autoscaler.notify.due import record_due
 from autoscaler.policy.schema import EvaluationResult
 from autoscaler.state.models import DecisionRecord, HistoryPoint
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from autoscaler.reconciler.cycle import CycleResult
@@ -135,6 +140,7 @@ def record_cycle(
     accrue_since: datetime | None,
     detail: bool = True,
     shared: Collection[str] = (),
+    notifications: NotificationsConfig | None = None,
 ) -> int:
     """Write the cycle's decision row (and history points when `history`).
 
@@ -143,6 +149,9 @@ def record_cycle(
     outcome, plan counts) but not the snapshot summary, the plan's item lists or the
     explanation sentences, which cost more to build than the rest of the record. Spend
     is accrued either way: the ledger feeds the next cycle's policy input.
+
+    With `notifications`, the alerts this cycle makes due are recorded in the same
+    transaction (`autoscaler.notify.due`); a separate job delivers them.
     """
     accrue(s, now=now, since=accrue_since, shared=shared)
     summary: dict[str, Any] = {
@@ -176,6 +185,13 @@ def record_cycle(
     if history:
         _history(s, now, snap)
     s.flush()
+    if notifications is not None and detail:
+        try:
+            # A savepoint: a bug in working out alerts must not cost the cycle its record.
+            with s.begin_nested():
+                record_due(s, now=now, snap=snap, evaluation=evaluation, result=result, config=notifications)
+        except Exception:
+            log.exception("recording this cycle's alerts failed; the next cycle records them")
     return row.id
 
 

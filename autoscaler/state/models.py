@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -390,3 +391,57 @@ class TeamAdmissionRow(Base):
     priority_weight: Mapped[float] = mapped_column(Float, default=1.0)
     reasons: Mapped[list[Any]] = mapped_column(default=list)
     decided_at: Mapped[datetime]
+
+
+class AlertEvent(Base):
+    """One alert to deliver: a budget threshold crossed (per team, threshold, basis and
+    budget period), a hard budget freezing or draining a team, a pool in launch backoff,
+    a machine that never registered, the policy failing safe. `key` says what makes it
+    the same alert, so a cycle that sees it again (or another leader) adds nothing."""
+
+    __tablename__ = "alert_events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(255), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    team: Mapped[str | None] = mapped_column(String(64))
+    level: Mapped[str] = mapped_column(String(16))
+    period: Mapped[str | None] = mapped_column(String(7))
+    threshold_pct: Mapped[float | None] = mapped_column(Float)
+    basis: Mapped[str | None] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class AlertDelivery(Base):
+    """An alert's delivery to one channel: pending until sent, retried with backoff."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        UniqueConstraint("event_id", "channel", name="uq_alert_deliveries_event_channel"),
+        Index("ix_alert_deliveries_due", "status", "next_attempt_at"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), ForeignKey("alert_events.id", ondelete="CASCADE")
+    )
+    channel: Mapped[str] = mapped_column(String(64))
+    # pending -> delivered, or failed once `retry.max_attempts` is spent.
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    # A sender holds the row until then (another process skips it); a crash frees it then.
+    claimed_until: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+
+
+class AlertCondition(Base):
+    """Since when an ongoing condition (a pool in backoff, the policy failing safe) holds;
+    kept in the database so a restart neither forgets nor restarts its clock."""
+
+    __tablename__ = "alert_conditions"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    since: Mapped[datetime]
+    last_seen: Mapped[datetime]

@@ -23,6 +23,7 @@ from autoscaler.api.deps import Ctx, tx
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
+from autoscaler.notify.deliver import delivery_rows
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
@@ -143,6 +144,7 @@ def overview(request: Request, ctx: Ctx) -> Response:
             fleet=views.fleet_groups(s, team),
             spend=_spend(ctx, s, team),
             latest=views.decisions(s, team, limit=1),
+            alerts=delivery_rows(s, limit=10, team=team),
             charts=[line_chart(views.CHART_TITLES.get(m, m), series) for m, series in list(charts.items())[:3]],
         )
 

@@ -138,7 +138,10 @@ def test_0005_adds_failures_and_retry_codes_and_backfills_past_failures(empty_en
             text("UPDATE tasks SET state = 'failed', end_reason = 'max_interruptions' WHERE id = :id"), {"id": ids[1]}
         )
     upgrade(empty_engine, "0005")
-    assert _counts(empty_engine) == {name: n for name, n in before.items() if name != "task_attempts"}
+    # Tables made after 0005 (task_attempts by 0006, the alert_* tables by 0009) are not there yet.
+    assert _counts(empty_engine) == {
+        name: n for name, n in before.items() if name != "task_attempts" and not name.startswith("alert_")
+    }
     with empty_engine.connect() as c:
         rows = {r[0]: (r[1], r[2]) for r in c.execute(text("SELECT id, failures, retry_on_exit_codes FROM tasks"))}
     assert rows[ids[0]] == (1, None) and rows[ids[1]] == (0, None)
