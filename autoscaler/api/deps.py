@@ -99,7 +99,7 @@ class Credentials:
             # 404, not 403: a worker learns nothing about other workers' ids.
             raise NotFound(
                 f"worker {worker_id} is not registered",
-                security=_misuse(principal, f"worker token of {principal.worker_id} used for worker {worker_id[:32]}"),
+                security=_misuse(principal, f"of {principal.worker_id} used for worker {worker_id[:32]}"),
             )
         return principal
 

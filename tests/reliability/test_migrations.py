@@ -20,8 +20,8 @@ from sqlalchemy import Engine, create_engine, inspect, text
 
 from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
-from autoscaler.errors import SecurityNote
 from autoscaler.config import parse_config
+from autoscaler.errors import SecurityNote
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as worker_ops
 from autoscaler.queueing.queues import sync_from_config
