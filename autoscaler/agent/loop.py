@@ -461,6 +461,10 @@ class Agent:
                 "giving up on %d undelivered report(s); the server will notice the missing heartbeats",
                 len(self.outbox),
             )
+        if self.mode == Mode.GONE:
+            # Not deregistering: that would revoke the worker token, which is how the
+            # restarted agent comes back (the join token registered once and is spent).
+            return EXIT_GONE
         try:
             self.api.deregister()
             log.info("deregistered")
@@ -469,8 +473,6 @@ class Agent:
                 self.retry_at = now + 1.0
                 return None
             log.warning("could not deregister (%s)", exc)
-        if self.mode == Mode.GONE:
-            return EXIT_GONE  # the saved worker token lets the restarted agent come back
         if self.s.state_file:
             worker_state.forget(self.s.state_file)  # deregistered: nothing to come back to
         log.info("%s finished; exiting 0", "preemption" if self.mode == Mode.PREEMPTED else "drain")

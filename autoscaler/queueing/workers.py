@@ -354,7 +354,7 @@ def deregister(session: Session, worker_id: str, *, now: datetime, reason: str =
         _go(session, worker, now=now, reason=reason)
     # A lost worker keeps its token so that, if it comes back, its heartbeat can be
     # told to shut down; a deregistered one has nothing left to say.
-    for tok in session.scalars(select(ApiToken).where(ApiToken.worker_id == worker.id)):
+    for tok in session.scalars(select(ApiToken).where(ApiToken.worker_id == worker.id, ApiToken.kind == "worker")):
         tok.revoked = True
     return worker
 
