@@ -104,7 +104,7 @@ def events(ctx: AppContext, kind: str | None = None) -> list[SecurityEvent]:
 
 def assert_no_token_in_events(ctx: AppContext, *tokens: str) -> None:
     for e in events(ctx):
-        row = " ".join(str(getattr(e, c)) for c in SecurityEvent.__table__.columns.keys())
+        row = " ".join(str(getattr(e, c.name)) for c in SecurityEvent.__table__.columns)
         for t in tokens:
             assert t not in row and t[8:20] not in row, f"token material in security event {e.id}"
 
