@@ -469,7 +469,7 @@ class Agent:
             self.api.deregister()
             log.info("deregistered")
         except (ServerUnreachable, ServerRefused) as exc:
-            if self.mode != Mode.GONE and self.clock() < self._flush_deadline():
+            if self.clock() < self._flush_deadline():
                 self.retry_at = now + 1.0
                 return None
             log.warning("could not deregister (%s)", exc)
