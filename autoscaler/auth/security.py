@@ -32,7 +32,9 @@ JOIN_REPLAY = "join_replay"  # a consumed join token presented again
 WORKER_TOKEN_REPLAY = "worker_token_replay"  # a worker token presented after it re-registered
 AUTH_FAILED = "auth_failed"  # unknown, expired or revoked token (401)
 FORBIDDEN = "forbidden"  # a valid token used beyond its rights (wrong kind, another worker)
-KINDS = (REGISTRATION_REFUSED, JOIN_REPLAY, WORKER_TOKEN_REPLAY, AUTH_FAILED, FORBIDDEN)
+# A launch's token registered an instance id the provider later reported otherwise.
+LAUNCH_MISMATCH = "launch_mismatch"
+KINDS = (REGISTRATION_REFUSED, JOIN_REPLAY, WORKER_TOKEN_REPLAY, AUTH_FAILED, FORBIDDEN, LAUNCH_MISMATCH)
 
 SECURITY_EVENTS = Counter(
     "autoscaler_security_events_recorded",

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
 from autoscaler.queueing.states import ACTIVE, TaskState
@@ -207,6 +208,45 @@ def reregister(
         select(Instance).where(Instance.worker_id == old.id).limit(1)
     )
     return _new_worker(session, reg, now=now, launch=launch)
+
+
+def expel_impostors(session: Session, launch: Instance, *, now: datetime) -> list[str]:
+    """Once the provider reports the launch's instance id: a worker that registered with
+    this launch's join token before that, claiming another instance id, was not that
+    machine. It is deregistered (its tasks requeued, its tokens revoked) and recorded.
+    Returns the expelled worker ids."""
+    expelled: list[str] = []
+    if not launch.provider_instance_id:
+        return expelled
+    for join in session.scalars(
+        select(ApiToken).where(
+            ApiToken.kind == "join", ApiToken.request_id == launch.request_id, ApiToken.used_at.is_not(None)
+        )
+    ):
+        if join.bound_instance == launch.provider_instance_id or not join.worker_id:
+            continue
+        worker = session.get(Worker, join.worker_id)
+        if worker is None:
+            continue
+        deregister(session, worker.id, now=now, reason="impostor")
+        security.record(
+            session,
+            SecurityNote(
+                kind=security.LAUNCH_MISMATCH,
+                detail=(
+                    f"worker {worker.id} registered as {join.bound_instance} with the join token of launch "
+                    f"{launch.request_id}, which the provider reports as {launch.provider_instance_id}; deregistered"
+                ),
+                token_id=join.id,
+                token_kind="join",
+                pool=launch.pool,
+                instance_id=join.bound_instance,
+                worker_id=worker.id,
+            ),
+            now=now,
+        )
+        expelled.append(worker.id)
+    return expelled
 
 
 def _retire(session: Session, old: Worker, *, now: datetime) -> None:

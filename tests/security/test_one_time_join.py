@@ -371,3 +371,40 @@ def test_expired_and_revoked_join_tokens_are_recorded(server: LiveServer) -> Non
     assert register(server.url, expired, "i-late").status_code == 401
     (e,) = events(ctx, "auth_failed")
     assert e.token_id == expired_id and "expired join token" in e.detail
+
+
+def test_an_early_registration_the_provider_contradicts_is_expelled(server: LiveServer, admin: httpx.Client) -> None:
+    """A launch's token used before the provider reported the instance id: when the
+    reconciler records the id (`_record_launched` calls `expel_impostors`) and it is not
+    the one claimed, that worker is deregistered and the mismatch recorded."""
+    from autoscaler.queueing.workers import expel_impostors
+
+    ctx = server.ctx
+    request_id, token = launch(ctx)
+    early = register(server.url, token, "i-claimed")
+    assert early.status_code == 201
+    with transaction(ctx.sessions) as s:
+        inst = s.scalar(select(Instance).where(Instance.request_id == request_id))
+        assert inst is not None
+        inst.provider_instance_id = "i-actual"
+        assert expel_impostors(s, inst, now=ctx.clock.now()) == [early.json()["worker_id"]]
+    w = admin.get(f"/api/v1/workers/{early.json()['worker_id']}").json()
+    assert w["state"] == "gone" and w["gone_reason"] == "impostor"
+    ctx.principals.forget_worker(w["id"])  # another API process would follow within the cache TTL
+    hb = httpx.post(
+        f"{server.url}/api/v1/workers/{w['id']}/heartbeat",
+        json={},
+        headers={"Authorization": f"Bearer {early.json()['worker_token']}"},
+        timeout=10,
+    )
+    assert hb.status_code == 401
+    (mismatch,) = events(ctx, "launch_mismatch")
+    assert mismatch.instance_id == "i-claimed" and "i-actual" in mismatch.detail
+    # A registration the provider confirms is left alone.
+    request_id, token = launch(ctx)
+    assert register(server.url, token, "i-right").status_code == 201
+    with transaction(ctx.sessions) as s:
+        inst = s.scalar(select(Instance).where(Instance.request_id == request_id))
+        assert inst is not None
+        inst.provider_instance_id = "i-right"
+        assert expel_impostors(s, inst, now=ctx.clock.now()) == []
