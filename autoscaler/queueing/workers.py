@@ -71,12 +71,18 @@ def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> I
     refused = "registration_refused"
     if join.pool and reg.pool != join.pool:
         raise _refuse(
-            reg, join, refused, f"this join token is for pool {join.pool!r}, not {reg.pool!r}",
+            reg,
+            join,
+            refused,
+            f"this join token is for pool {join.pool!r}, not {reg.pool!r}",
             f"join token for pool {join.pool} presented for pool {reg.pool}",
         )
     if join.provider and reg.provider != join.provider:
         raise _refuse(
-            reg, join, refused, f"this join token is for a {join.provider} machine, not {reg.provider!r}",
+            reg,
+            join,
+            refused,
+            f"this join token is for a {join.provider} machine, not {reg.provider!r}",
             f"join token for provider {join.provider} presented by provider {reg.provider}",
         )
     launch: Instance | None = None
@@ -84,17 +90,25 @@ def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> I
         launch = session.scalar(select(Instance).where(Instance.request_id == join.request_id))
         if launch is None or launch.pool != reg.pool:
             raise _refuse(
-                reg, join, refused, "this join token's launch is unknown or in another pool; ask for a new one",
+                reg,
+                join,
+                refused,
+                "this join token's launch is unknown or in another pool; ask for a new one",
                 f"launch {join.request_id} not found in pool {reg.pool}",
             )
         if launch.state in _ENDED_INSTANCE_STATES:
             raise _refuse(
-                reg, join, refused, f"the launch this join token was made for is {launch.state}",
+                reg,
+                join,
+                refused,
+                f"the launch this join token was made for is {launch.state}",
                 f"launch {join.request_id} is {launch.state}",
             )
         if launch.provider_instance_id and launch.provider_instance_id != reg.instance_id:
             raise _refuse(
-                reg, join, refused,
+                reg,
+                join,
+                refused,
                 "this join token was made for another instance; the claimed instance id does not match the launch",
                 f"claimed instance {reg.instance_id}, launch {join.request_id} is {launch.provider_instance_id}",
             )
@@ -103,13 +117,14 @@ def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> I
     other = session.scalar(
         select(Instance).where(Instance.provider_instance_id == reg.instance_id).limit(1)
         if launch is None
-        else select(Instance)
-        .where(Instance.provider_instance_id == reg.instance_id, Instance.id != launch.id)
-        .limit(1)
+        else select(Instance).where(Instance.provider_instance_id == reg.instance_id, Instance.id != launch.id).limit(1)
     )
     if other is not None and (launch is not None or other.pool != reg.pool):
         raise _refuse(
-            reg, join, refused, "the claimed instance id belongs to another launch; registration refused",
+            reg,
+            join,
+            refused,
+            "the claimed instance id belongs to another launch; registration refused",
             f"claimed instance {reg.instance_id} of pool {other.pool} (launch {other.request_id})",
         )
     return launch
@@ -142,7 +157,9 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
         )
         if not same:
             raise _refuse(
-                reg, join, "join_replay",
+                reg,
+                join,
+                "join_replay",
                 "this join token was already used; a join token registers once "
                 "(a restarted agent re-registers with its worker token)",
                 f"consumed join token presented again (bound to {join.bound_instance})",
@@ -156,7 +173,9 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     for old in live:
         if old.id != retry_of:
             raise _refuse(
-                reg, join, "registration_refused",
+                reg,
+                join,
+                "registration_refused",
                 f"instance {reg.instance_id} already has a live worker ({old.id}); a restarted agent "
                 "re-registers with its worker token, or deregister that worker first",
                 f"join token claimed instance {reg.instance_id} of live worker {old.id}",
@@ -170,9 +189,7 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     return worker, plaintext
 
 
-def reregister(
-    session: Session, token: ApiToken, reg: Registration, *, now: datetime
-) -> tuple[Worker, str]:
+def reregister(session: Session, token: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
     """Re-register a machine whose agent restarted, with that worker's own token.
 
     The claimed identity must be the worker's (same instance, pool and provider). The
@@ -182,12 +199,17 @@ def reregister(
     old = session.get(Worker, token.worker_id, with_for_update=True) if token.worker_id else None
     if old is None:
         raise _refuse(
-            reg, token, "registration_refused", "this worker token names no worker",
+            reg,
+            token,
+            "registration_refused",
+            "this worker token names no worker",
             "worker token without a worker presented for re-registration",
         )
     if (reg.instance_id, reg.pool, reg.provider) != (old.instance_id, old.pool, old.provider):
         raise _refuse(
-            reg, token, "registration_refused",
+            reg,
+            token,
+            "registration_refused",
             "a worker token re-registers only its own machine (same instance id, pool and provider)",
             f"worker token of {old.id} ({old.provider}/{old.pool}/{old.instance_id}) claimed "
             f"{reg.provider}/{reg.pool}/{reg.instance_id}",
@@ -200,13 +222,14 @@ def reregister(
     )
     if revoked.rowcount != 1:  # type: ignore[attr-defined]
         raise _refuse(
-            reg, token, "worker_token_replay", "this worker token was already used to re-register",
+            reg,
+            token,
+            "worker_token_replay",
+            "this worker token was already used to re-register",
             f"worker token of {old.id} presented again while re-registering",
         )
     _retire(session, old, now=now)
-    launch = session.scalar(
-        select(Instance).where(Instance.worker_id == old.id).limit(1)
-    )
+    launch = session.scalar(select(Instance).where(Instance.worker_id == old.id).limit(1))
     return _new_worker(session, reg, now=now, launch=launch)
 
 
@@ -256,9 +279,7 @@ def _retire(session: Session, old: Worker, *, now: datetime) -> None:
         tok.revoked = True
 
 
-def _new_worker(
-    session: Session, reg: Registration, *, now: datetime, launch: Instance | None
-) -> tuple[Worker, str]:
+def _new_worker(session: Session, reg: Registration, *, now: datetime, launch: Instance | None) -> tuple[Worker, str]:
     gpu_type = reg.gpus[0].get("model") if reg.gpus else None
     worker = Worker(
         hostname=reg.hostname[:255],

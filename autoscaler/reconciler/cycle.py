@@ -581,8 +581,12 @@ class Reconciler:
         inst.zone = pi.zone or inst.zone
         transition(s, inst, S.BOOTING, reason=reason, now=now)
         for wid in expel_impostors(s, inst, now=now):
-            log.warning("pool %s: worker %s registered with launch %s's token as another instance", inst.pool, wid,
-                        inst.request_id)
+            log.warning(
+                "pool %s: worker %s registered with launch %s's token as another instance",
+                inst.pool,
+                wid,
+                inst.request_id,
+            )
         worker = s.scalar(
             select(Worker).where(
                 Worker.instance_id == pi.instance_id,

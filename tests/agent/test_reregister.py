@@ -47,7 +47,9 @@ def test_a_restarted_agent_reregisters_with_its_worker_token(harness: AgentHarne
     assert harness.wait_state(task, "succeeded")["state"] == "succeeded"
 
     # Someone else holding the spent join token (no saved worker token) is refused.
-    thief = harness.start_agent(instance_id="i-restart", token=token, extra=["--state-file", str(harness.tmp / "x.json")])
+    thief = harness.start_agent(
+        instance_id="i-restart", token=token, extra=["--state-file", str(harness.tmp / "x.json")]
+    )
     assert thief.wait() == 1
     assert "already used" in thief.log()
     with harness.ctx.sessions() as s:

@@ -14,9 +14,7 @@ from urllib.parse import urlparse
 
 
 class FakeMetadata:
-    def __init__(
-        self, provider: str, instance_id: str = "i-0fake", identity: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, provider: str, instance_id: str = "i-0fake", identity: dict[str, str] | None = None) -> None:
         if provider not in ("aws", "gcp", "azure"):
             raise ValueError(f"no fake metadata service for {provider!r}")
         self.provider = provider

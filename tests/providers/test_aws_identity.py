@@ -41,8 +41,14 @@ def aws_config(signer: FakeAwsSigner, **options: Any) -> AutoscalerConfig:
             "provider": "aws",
             "region": REGION,
             "instance_types": [
-                {"name": "g5.xlarge", "gpus": 1, "gpu_type": "A10G", "cpus": 4, "memory_mb": 16384,
-                 "on_demand_price": 1.0}
+                {
+                    "name": "g5.xlarge",
+                    "gpus": 1,
+                    "gpu_type": "A10G",
+                    "cpus": 4,
+                    "memory_mb": 16384,
+                    "on_demand_price": 1.0,
+                }
             ],
             "options": {"identity_certificate": signer.certificate_pem, "identity_account_id": ACCOUNT, **options},
         }

@@ -121,9 +121,7 @@ def metric(admin: httpx.Client, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_join_token_registers_once_replays_are_refused_and_recorded(
-    server: LiveServer, admin: httpx.Client
-) -> None:
+def test_join_token_registers_once_replays_are_refused_and_recorded(server: LiveServer, admin: httpx.Client) -> None:
     token = join_token(server.ctx)
     first = register(server.url, token, "i-first")
     assert first.status_code == 201, first.text
@@ -318,9 +316,7 @@ def test_authorization_failures_are_recorded_per_token(
     )
     with ctx.sessions() as s:
         team_id = s.scalar(select(ApiToken.id).where(ApiToken.kind == "team"))
-        a_id = s.scalar(
-            select(ApiToken.id).where(ApiToken.worker_id == a["worker_id"], ApiToken.kind == "worker")
-        )
+        a_id = s.scalar(select(ApiToken.id).where(ApiToken.worker_id == a["worker_id"], ApiToken.kind == "worker"))
     forbidden = events(ctx, "forbidden")
     assert [(e.token_id, e.token_kind) for e in forbidden] == [
         (team_id, "team"),
@@ -337,7 +333,7 @@ def test_authorization_failures_are_recorded_per_token(
     assert metric(admin, "autoscaler_security_events_total", kind="auth_failed", token_kind="") == 1
     assert metric(admin, "autoscaler_token_security_events_total", token_id=team_id or "", token_kind="team") == 2
     # Every kind has a series, even before its first event.
-    assert "autoscaler_security_events_total{kind=\"join_replay\",token_kind=\"\"} 0.0" in admin.get("/metrics").text
+    assert 'autoscaler_security_events_total{kind="join_replay",token_kind=""} 0.0' in admin.get("/metrics").text
     # A team's scrape shows none of it.
     assert "autoscaler_security_events" not in httpx.get(f"{server.url}/metrics", headers=h, timeout=10).text
 
