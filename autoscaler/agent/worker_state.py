@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +43,14 @@ def load(path: Path) -> WorkerState | None:
 
 
 def save(path: Path, state: WorkerState) -> None:
+    """Write atomically, 0600, in a 0700 directory of this user's. A directory that is a
+    symlink or someone else's (a shared /tmp) is refused: the token stays in memory and a
+    restart will need a fresh join token (logged)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = os.lstat(path.parent)
+    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
+        log.warning("not saving the worker token: %s is a symlink or not this user's", path.parent)
+        return
     with contextlib.suppress(OSError):
         os.chmod(path.parent, 0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".worker-", suffix=".json")

@@ -2,7 +2,7 @@
 
 Each event is a row in `security_events` (what `/metrics` counts and the dashboard's
 admin page lists), one WARNING log line and an in-process counter. None of them ever
-holds a token: an event names the token row's id (see `autoscaler token list`) and
+holds a token: an event names the token row's id (the `id` token creation returns) and
 kind when the token was recognised, else nothing.
 
 Refusals are raised as domain errors carrying a `SecurityNote`; the API records the

@@ -43,7 +43,7 @@ class Registration:
 
 
 # Instances whose machine cannot be the one registering now.
-_ENDED_INSTANCE_STATES = ("terminating", "terminated", "launch_failed")
+_ENDED_INSTANCE_STATES = ("terminating", "terminated", "launch_failed", "boot_timeout", "lost", "preempted")
 
 
 def _refuse(reg: Registration, token: ApiToken, kind: str, message: str, detail: str) -> Forbidden:
