@@ -65,6 +65,27 @@ def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
+def _is_retry(join: ApiToken, reg: Registration, key_hash: str | None) -> bool:
+    """The agent process that consumed the token, asking again (same instance, same key)."""
+    return (
+        key_hash is not None
+        and join.retry_key_hash is not None
+        and hmac.compare_digest(join.retry_key_hash, key_hash)
+        and join.bound_instance == reg.instance_id
+    )
+
+
+def _replay(reg: Registration, join: ApiToken) -> Forbidden:
+    return _refuse(
+        reg,
+        join,
+        "join_replay",
+        "this join token was already used; a join token registers once "
+        "(a restarted agent re-registers with its worker token)",
+        f"consumed join token presented again (bound to {join.bound_instance})",
+    )
+
+
 def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> Instance | None:
     """Refuse (403, with a security note) a registration whose claimed identity is not
     what the join token was minted for; returns the launch's Instance row, if any."""
@@ -138,8 +159,10 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     Any later presentation is a replay and is refused, except a retry by the same
     agent process (same instance, same retry key) whose answer was lost.
     """
-    launch = check_join_binding(session, join, reg)
     key_hash = _digest(reg.retry_key) if reg.retry_key else None
+    if join.used_at is not None and not _is_retry(join, reg, key_hash):
+        raise _replay(reg, join)  # spent before this request began: a replay, whatever it claims
+    launch = check_join_binding(session, join, reg)
     consumed = session.execute(
         update(ApiToken)
         .where(ApiToken.id == join.id, ApiToken.used_at.is_(None), ApiToken.revoked.is_(False))
@@ -149,21 +172,9 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     session.refresh(join)
     retry_of: str | None = None
     if consumed.rowcount != 1:  # type: ignore[attr-defined]
-        same = (
-            key_hash is not None
-            and join.retry_key_hash is not None
-            and hmac.compare_digest(join.retry_key_hash, key_hash)
-            and join.bound_instance == reg.instance_id
-        )
-        if not same:
-            raise _refuse(
-                reg,
-                join,
-                "join_replay",
-                "this join token was already used; a join token registers once "
-                "(a restarted agent re-registers with its worker token)",
-                f"consumed join token presented again (bound to {join.bound_instance})",
-            )
+        # Spent meanwhile (a concurrent registration won) or before: only its own retry passes.
+        if not _is_retry(join, reg, key_hash):
+            raise _replay(reg, join)
         retry_of = join.worker_id
     live = list(
         session.scalars(

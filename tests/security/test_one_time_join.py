@@ -200,6 +200,9 @@ def test_launch_bound_token_registers_only_its_instance(server: LiveServer) -> N
     refused = events(ctx, "registration_refused")
     assert [e.instance_id for e in refused] == ["i-impostor", "i-real"]
     assert "launch" in refused[0].detail and "provider" in refused[1].detail
+    # Spent now: whatever it claims next is a replay.
+    assert register(server.url, token, "i-impostor").status_code == 403
+    assert [e.instance_id for e in events(ctx, "join_replay")] == ["i-impostor"]
 
     # A launch the provider has not reported yet: the claim is taken, once.
     _, early = launch(ctx)
