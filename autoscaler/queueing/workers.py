@@ -225,6 +225,23 @@ def reregister(session: Session, token: ApiToken, reg: Registration, *, now: dat
             f"worker token of {old.id} ({old.provider}/{old.pool}/{old.instance_id}) claimed "
             f"{reg.provider}/{reg.pool}/{reg.instance_id}",
         )
+    launch = session.scalar(
+        select(Instance)
+        .where(
+            (Instance.worker_id == old.id)
+            | ((Instance.provider_instance_id == old.instance_id) & (Instance.pool == old.pool))
+        )
+        .order_by(Instance.created_at.desc())
+        .limit(1)
+    )
+    if launch is not None and launch.state in _ENDED_INSTANCE_STATES:
+        raise _refuse(
+            reg,
+            token,
+            "registration_refused",
+            f"the instance of this worker is {launch.state}; it cannot register again",
+            f"worker token of {old.id} presented for re-registration of {launch.state} instance {old.instance_id}",
+        )
     revoked = session.execute(
         update(ApiToken)
         .where(ApiToken.id == token.id, ApiToken.revoked.is_(False))
@@ -240,7 +257,6 @@ def reregister(session: Session, token: ApiToken, reg: Registration, *, now: dat
             f"worker token of {old.id} presented again while re-registering",
         )
     _retire(session, old, now=now)
-    launch = session.scalar(select(Instance).where(Instance.worker_id == old.id).limit(1))
     return _new_worker(session, reg, now=now, launch=launch)
 
 

@@ -407,3 +407,17 @@ def test_an_early_registration_the_provider_contradicts_is_expelled(server: Live
         assert inst is not None
         inst.provider_instance_id = "i-right"
         assert expel_impostors(s, inst, now=ctx.clock.now()) == []
+
+
+def test_a_terminated_instances_worker_token_cannot_reregister(server: LiveServer) -> None:
+    ctx = server.ctx
+    request_id, token = launch(ctx, provider_instance_id="i-term")
+    first = register(server.url, token, "i-term").json()
+    with transaction(ctx.sessions) as s:
+        inst = s.scalar(select(Instance).where(Instance.request_id == request_id))
+        assert inst is not None and inst.worker_id == first["worker_id"]
+        inst.state = "terminated"
+    r = register(server.url, first["worker_token"], "i-term")
+    assert r.status_code == 403 and "terminated" in r.text
+    (e,) = events(ctx, "registration_refused")
+    assert e.token_kind == "worker" and e.worker_id == first["worker_id"]
