@@ -421,3 +421,41 @@ def test_a_terminated_instances_worker_token_cannot_reregister(server: LiveServe
     assert r.status_code == 403 and "terminated" in r.text
     (e,) = events(ctx, "registration_refused")
     assert e.token_kind == "worker" and e.worker_id == first["worker_id"]
+
+
+def test_the_reconciler_mints_launch_bound_tokens(server: LiveServer) -> None:
+    """The user-data of a launch carries a join token recorded with that launch's request
+    id and provider, which then registers only that launch's instance."""
+    from autoscaler.reconciler.component import bootstrap_user_data
+    from providers.bootstrap import parse_user_data
+
+    ctx = server.ctx
+    config = ctx.config.model_copy(
+        update={"pools": [p.model_copy(update={"provider": "local"}) for p in ctx.config.pools]}
+    )
+    pool = config.pool(POOL)
+    assert pool is not None
+    render = bootstrap_user_data(config, ctx.clock.now)
+    now = ctx.clock.now()
+    request_id = new_id()
+    with transaction(ctx.sessions) as s:
+        s.add(
+            Instance(
+                request_id=request_id,
+                provider="local",
+                pool=POOL,
+                instance_type="g.1",
+                capacity_type="on_demand",
+                provider_instance_id="local-1",
+                state="booting",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        token = str(parse_user_data(render(s, pool, request_id))["join_token"])
+    with ctx.sessions() as s:
+        row = s.scalar(select(ApiToken).where(ApiToken.kind == "join"))
+        assert row is not None and (row.request_id, row.provider, row.pool) == (request_id, "local", POOL)
+        assert row.expires_at is not None
+    assert register(server.url, token, "local-2", provider="local").status_code == 403
+    assert register(server.url, token, "local-1", provider="local").status_code == 201
