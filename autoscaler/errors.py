@@ -3,15 +3,34 @@ CLI prints their message as one line. Every message says what was wrong and what
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SecurityNote:
+    """What a refusal should leave in the security record (see autoscaler.auth.security).
+    Never a token: only the id of the token row, when one was recognised."""
+
+    kind: str
+    detail: str
+    token_id: str | None = None
+    token_kind: str | None = None
+    pool: str | None = None
+    instance_id: str | None = None
+    worker_id: str | None = None
+
 
 class AutoscalerError(Exception):
     """Base of every error a user can cause or must act on."""
 
     http_status = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, security: SecurityNote | None = None) -> None:
         super().__init__(message)
         self.message = message
+        # Set on refusals that are security events; the API records them after the
+        # request's transaction rolled back.
+        self.security = security
 
 
 class ConfigError(AutoscalerError):

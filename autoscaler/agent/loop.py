@@ -9,13 +9,15 @@ deadline; a second one moves the deadline to now.
 
 Exit codes: 0 drained or preempted and deregistered (the image may power off);
 2 the server declared this worker gone (the service manager should restart the
-agent, which registers again); 1 a one-line error (bad bootstrap, refused join).
+agent, which re-registers with its saved worker token); 1 a one-line error (bad
+bootstrap, refused join).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import secrets
 import signal
 import tempfile
 import time
@@ -26,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from autoscaler import __version__
-from autoscaler.agent import host
+from autoscaler.agent import host, worker_state
 from autoscaler.agent.decisions import StopRequest, backoff_s, finish_report, start_failed_report
 from autoscaler.agent.errors import AgentError
 from autoscaler.agent.gpus import GpuSource
@@ -46,6 +48,10 @@ TICK_S = 0.05
 IDLE_LEASE_BACKOFF_MAX = 2.5
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
 MIN_FLUSH_S = 2.0  # after a SIGTERM, the least time left to deliver reports and deregister
+
+
+class RegistrationRefused(AgentError):
+    """The server answered 4xx to a registration."""
 
 
 class Mode(StrEnum):
@@ -126,9 +132,6 @@ class Agent:
         self.signals += 1
 
     def _register(self) -> Registered | None:
-        join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
-        if not join:
-            raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
         instance_id = self.s.instance_id
         if not instance_id:
             instance_id = self.metadata.instance_id() if self.metadata else host.hostname()
@@ -141,7 +144,52 @@ class Agent:
             cpus=host.cpu_count(),
             memory_mb=host.memory_mb(),
             agent_version=__version__,
+            identity=self.metadata.identity() if self.metadata else None,
         )
+        state_path = self.s.state_file
+        saved = worker_state.load(state_path) if state_path else None
+        if saved is not None and (saved.server_url, saved.pool, saved.instance_id) != (
+            self.s.server_url,
+            self.s.pool,
+            instance_id,
+        ):
+            log.warning("saved worker state is for another server, pool or instance; not using it")
+            saved = None
+        reply: Registered | None = None
+        if saved is not None:
+            # A restart: the join token registered once and is spent; the worker token
+            # re-registers this machine (and is rotated).
+            try:
+                reply = self._call_register(saved.worker_token, body)
+            except RegistrationRefused as exc:
+                log.warning("%s; registering with the join token instead", exc)
+                if state_path:
+                    worker_state.forget(state_path)
+            if reply is None and self.signals:
+                return None
+            if reply is not None:
+                log.info("re-registered with the saved worker token (was worker %s)", saved.worker_id)
+        if reply is None:
+            join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
+            if not join:
+                raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
+            # Lets this process, and only it, retry a join whose answer was lost.
+            body = body.model_copy(update={"retry_key": secrets.token_hex(16)})
+            reply = self._call_register(join, body)
+        if reply is not None and state_path:
+            worker_state.save(
+                state_path,
+                worker_state.WorkerState(
+                    server_url=self.s.server_url,
+                    pool=self.s.pool,
+                    instance_id=instance_id,
+                    worker_id=reply.worker_id,
+                    worker_token=reply.worker_token,
+                ),
+            )
+        return reply
+
+    def _call_register(self, token: str, body: RegisterBody) -> Registered | None:
         first = self.clock()
         failures = 0
         while True:
@@ -149,9 +197,11 @@ class Agent:
                 log.info("stopped before registering")
                 return None
             try:
-                return self.api.register(join, body)
+                return self.api.register(token, body)
             except ServerRefused as exc:
-                raise AgentError(f"the server at {self.s.server_url} refused registration: {exc.detail}") from None
+                raise RegistrationRefused(
+                    f"the server at {self.s.server_url} refused registration: {exc.detail}"
+                ) from None
             except ServerUnreachable as exc:
                 failures += 1
                 if self.clock() - first > self.t.register_timeout_s:
@@ -411,15 +461,19 @@ class Agent:
                 "giving up on %d undelivered report(s); the server will notice the missing heartbeats",
                 len(self.outbox),
             )
+        if self.mode == Mode.GONE:
+            # Not deregistering: that would revoke the worker token, which is how the
+            # restarted agent comes back (the join token registered once and is spent).
+            return EXIT_GONE
         try:
             self.api.deregister()
             log.info("deregistered")
         except (ServerUnreachable, ServerRefused) as exc:
-            if self.mode != Mode.GONE and self.clock() < self._flush_deadline():
+            if self.clock() < self._flush_deadline():
                 self.retry_at = now + 1.0
                 return None
             log.warning("could not deregister (%s)", exc)
-        if self.mode == Mode.GONE:
-            return EXIT_GONE
+        if self.s.state_file:
+            worker_state.forget(self.s.state_file)  # deregistered: nothing to come back to
         log.info("%s finished; exiting 0", "preemption" if self.mode == Mode.PREEMPTED else "drain")
         return EXIT_DONE

@@ -2,7 +2,8 @@
 
 - AWS IMDSv2: a session token from `PUT /latest/api/token`, then
   `GET /latest/meta-data/instance-id` and `GET /latest/meta-data/spot/instance-action`
-  (404 until AWS schedules the stop, then `{"action": ..., "time": ...}`).
+  (404 until AWS schedules the stop, then `{"action": ..., "time": ...}`), and at
+  registration `GET /latest/dynamic/instance-identity/{document,signature}`.
 - GCP: `GET /computeMetadata/v1/instance/id` and `.../instance/preempted`
   (`TRUE` once preempted), with the header `Metadata-Flavor: Google`.
 - Azure: `GET /metadata/instance/compute/vmId` and Scheduled Events
@@ -36,9 +37,16 @@ class MetadataService(Protocol):
     def preemption_notice(self) -> str | None:
         """A short description of the notice, or None while there is none."""
 
+    def identity(self) -> dict[str, str] | None:
+        """The cloud's signed statement of this machine's identity, sent at registration
+        (AWS: the instance identity document and signature); None where there is none."""
+
 
 class _Base:
     provider = ""
+
+    def identity(self) -> dict[str, str] | None:
+        return None  # GCP's identity JWT and Azure's attested data: not sent by this agent yet
 
     def __init__(self, base_url: str | None, timeout_s: float = 2.0) -> None:
         self.base_url = (base_url or LINK_LOCAL).rstrip("/")
@@ -89,6 +97,19 @@ class AwsImds(_Base):
         r.raise_for_status()
         body: dict[str, Any] = r.json()
         return f"aws spot {body.get('action', 'stop')} at {body.get('time', '?')}"
+
+    def identity(self) -> dict[str, str] | None:
+        try:
+            headers = {"X-aws-ec2-metadata-token": self._token()}
+            doc = self._get("/latest/dynamic/instance-identity/document", headers)
+            sig = self._get("/latest/dynamic/instance-identity/signature", headers)
+        except httpx.HTTPError as exc:
+            log.warning("no instance identity document from IMDS (%s)", exc.__class__.__name__)
+            return None
+        if doc.status_code != 200 or sig.status_code != 200:
+            log.warning("no instance identity document from IMDS (%d, %d)", doc.status_code, sig.status_code)
+            return None
+        return {"document": doc.text, "signature": sig.text.strip()}
 
 
 class GcpMetadata(_Base):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,8 @@ class AgentSettings:
     simulated_gpus: SimulatedGpuSpec | None = None
     metadata_url: str | None = None
     work_dir: Path | None = None
+    # Where the worker id and token are kept across agent restarts (worker_state.py).
+    state_file: Path | None = None
     timing: Timing = field(default_factory=Timing)
     ignored_keys: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -126,6 +129,7 @@ def resolve(
     bootstrap: Path | None,
     timing: Timing,
     work_dir: Path | None = None,
+    state_file: Path | None = None,
 ) -> AgentSettings:
     """Merge flags, environment and bootstrap file into settings, or explain what is missing."""
     path = bootstrap or (Path(env["AUTOSCALER_BOOTSTRAP"]) if env.get("AUTOSCALER_BOOTSTRAP") else None)
@@ -153,7 +157,10 @@ def resolve(
         )
     if provider not in PROVIDERS:
         raise AgentError(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}")
-    if not join_token and boot.join_token_ref is None:
+    state_file = state_file or (Path(env["AUTOSCALER_STATE_FILE"]) if env.get("AUTOSCALER_STATE_FILE") else None)
+    state_file = state_file or default_state_file(work_dir)
+    # A restarted agent re-registers with its saved worker token: no join token needed.
+    if not join_token and boot.join_token_ref is None and not state_file.exists():
         raise AgentError(
             "no join token: pass --join-token, set AUTOSCALER_JOIN_TOKEN, or put join_token / "
             "join_token_ref in the bootstrap file (create one with `autoscaler token create --kind join`)"
@@ -171,10 +178,17 @@ def resolve(
         simulated_gpus=boot.simulated_gpus,
         metadata_url=pick("metadata_url", "AUTOSCALER_METADATA_URL"),
         work_dir=work_dir,
+        state_file=state_file,
         timing=timing,
         ignored_keys=unknown,
         warnings=warnings,
     )
+
+
+def default_state_file(work_dir: Path | None) -> Path:
+    """`<work dir>/.agent/worker.json` (the image points AUTOSCALER_STATE_FILE elsewhere)."""
+    root = work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
+    return root / ".agent" / "worker.json"
 
 
 def agent_env_names() -> frozenset[str]:
@@ -189,6 +203,7 @@ def agent_env_names() -> frozenset[str]:
             "AUTOSCALER_METADATA_URL",
             "AUTOSCALER_BOOTSTRAP",
             "AUTOSCALER_TOKEN",
+            "AUTOSCALER_STATE_FILE",
         }
     )
 

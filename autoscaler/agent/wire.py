@@ -48,6 +48,8 @@ class RegisterBody(BaseModel):
     cpus: int = 0
     memory_mb: int = 0
     agent_version: str = ""
+    retry_key: str | None = None
+    identity: dict[str, str] | None = None
 
 
 class Registered(_Reply):

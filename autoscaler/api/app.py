@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,6 +27,7 @@ from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
 from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
 from autoscaler.api.routes import fleet, queues, tasks, tokens, workers
+from autoscaler.auth import security
 from autoscaler.errors import AutoscalerError
 from autoscaler.metrics import route as metrics_route
 from autoscaler.reports import routes as report_routes
@@ -139,7 +141,13 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.add_middleware(BodyGuard)
 
     @app.exception_handler(AutoscalerError)
-    async def domain_error(_request: Request, exc: AutoscalerError) -> JSONResponse:
+    async def domain_error(request: Request, exc: AutoscalerError) -> JSONResponse:
+        if exc.security is not None:
+            # The request's transaction has rolled back by now: record in one of its own.
+            client = request.client.host if request.client else "unknown"
+            await run_in_threadpool(
+                security.record_note, ctx.sessions, exc.security, now=ctx.clock.now(), client=client
+            )
         return _error(exc.http_status, exc.message)
 
     @app.exception_handler(RequestValidationError)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from autoscaler.api.context import AppContext
 from autoscaler.api.ratelimit import AuthFailureLimiter
 from autoscaler.auth.tokens import Principal, PrincipalCache, resolve, resolve_cached
-from autoscaler.errors import Forbidden, NotFound, Unauthorized
+from autoscaler.errors import Forbidden, NotFound, SecurityNote, Unauthorized
 from autoscaler.state.models import ApiToken
 
 
@@ -62,29 +62,57 @@ class Credentials:
         """An admin or a team member."""
         principal = self.principal(session)
         if principal.kind not in ("admin", "team"):
-            raise Forbidden(f"a {principal.kind} token cannot use this endpoint; use an admin or team token")
+            raise Forbidden(
+                f"a {principal.kind} token cannot use this endpoint; use an admin or team token",
+                security=_misuse(principal, "used where an admin or team token is needed"),
+            )
         return principal
 
     def admin(self, session: Session) -> Principal:
         principal = self.principal(session)
         if not principal.is_admin:
-            raise Forbidden("this endpoint needs an admin token")
+            raise Forbidden(
+                "this endpoint needs an admin token", security=_misuse(principal, "used where an admin token is needed")
+            )
         return principal
 
-    def join(self, session: Session) -> ApiToken:
+    def registrant(self, session: Session) -> tuple[Principal, ApiToken]:
+        """A join token (first registration) or a worker token (re-registration after an
+        agent restart); uncached, because registration consumes or rotates the row."""
         principal, row = self._resolve(session)
-        if principal.kind != "join":
-            raise Forbidden("registration needs a join token: `autoscaler token create --join --pool P`")
-        return row
+        if principal.kind not in ("join", "worker"):
+            raise Forbidden(
+                "registration needs a join token (`autoscaler token create --join --pool P`), "
+                "or the worker's own token to re-register",
+                security=_misuse(principal, "used to register a worker"),
+            )
+        return principal, row
 
     def worker(self, session: Session, worker_id: str) -> Principal:
         principal = self.principal(session)
         if principal.kind != "worker":
-            raise Forbidden("this endpoint is for agents and needs a worker token")
+            raise Forbidden(
+                "this endpoint is for agents and needs a worker token",
+                security=_misuse(principal, "used where a worker token is needed"),
+            )
         if principal.worker_id != worker_id:
             # 404, not 403: a worker learns nothing about other workers' ids.
-            raise NotFound(f"worker {worker_id} is not registered")
+            raise NotFound(
+                f"worker {worker_id} is not registered",
+                security=_misuse(principal, f"of {principal.worker_id} used for worker {worker_id[:32]}"),
+            )
         return principal
+
+
+def _misuse(principal: Principal, what: str) -> SecurityNote:
+    return SecurityNote(
+        kind="forbidden",
+        detail=f"{principal.kind} token {what}",
+        token_id=principal.token_id,
+        token_kind=principal.kind,
+        pool=principal.pool,
+        worker_id=principal.worker_id,
+    )
 
 
 def get_credentials(request: Request) -> Credentials:

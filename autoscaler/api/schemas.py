@@ -190,6 +190,10 @@ class GpuInfo(Body):
     simulated: bool = False
 
 
+IdentityKey = Annotated[str, StringConstraints(min_length=1, max_length=32)]
+IdentityValue = Annotated[str, StringConstraints(max_length=16384)]
+
+
 class RegisterIn(Body):
     hostname: Annotated[str, StringConstraints(min_length=1, max_length=255)]
     instance_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -199,6 +203,11 @@ class RegisterIn(Body):
     cpus: int = Field(0, ge=0, le=4096)
     memory_mb: int = Field(0, ge=0)
     agent_version: Annotated[str, StringConstraints(max_length=32)] = ""
+    # A random secret of this agent process: lets it retry a join whose answer it lost.
+    retry_key: Annotated[str, StringConstraints(min_length=16, max_length=128)] | None = None
+    # The cloud's signed statement of who this machine is (AWS: the instance identity
+    # document and its signature); checked when the pool is configured to verify it.
+    identity: dict[IdentityKey, IdentityValue] | None = Field(None, max_length=8)
 
 
 class RegisterOut(BaseModel):

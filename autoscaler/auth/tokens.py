@@ -3,8 +3,10 @@
 Kinds and what they may do:
 - admin: everything.
 - team: sees, enqueues to and cancels only what its team may.
-- join: registers one agent in one pool; expires; bound to the first instance that uses it.
-- worker: issued at registration; acts only for that worker.
+- join: registers one agent once, in one pool; expires; consumed by its first registration
+  (and, when minted for a launch, only for that launch's provider and instance).
+- worker: issued at registration; acts only for that worker, and re-registers it
+  after an agent restart (which rotates it).
 
 A token's plaintext is shown once, at creation. Tokens carry a kind prefix
 (`asa_`, `ast_`, `asj_`, `asw_`) so a leaked one is recognisable in a scan.
@@ -24,7 +26,7 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autoscaler.errors import Unauthorized
+from autoscaler.errors import SecurityNote, Unauthorized
 from autoscaler.state.models import ApiToken
 
 TokenKind = Literal["admin", "team", "join", "worker"]
@@ -58,8 +60,13 @@ def create_token(
     worker_id: str | None = None,
     ttl: timedelta | None = None,
     name: str = "",
+    request_id: str | None = None,
+    provider: str | None = None,
 ) -> tuple[str, ApiToken]:
-    """Create a token; returns the plaintext (shown once) and the stored row."""
+    """Create a token; returns the plaintext (shown once) and the stored row.
+
+    A join token minted for a launch names its `request_id` and `provider`: the
+    registration that consumes it must come from that launch."""
     plaintext = PREFIX[kind] + secrets.token_urlsafe(32)
     row = ApiToken(
         kind=kind,
@@ -69,6 +76,8 @@ def create_token(
         team=team,
         pool=pool,
         worker_id=worker_id,
+        request_id=request_id,
+        provider=provider,
         created_at=now,
         expires_at=now + ttl if ttl else None,
     )
@@ -85,11 +94,20 @@ def resolve(session: Session, plaintext: str, now: datetime) -> tuple[Principal,
     # anyway in constant time so a future change of lookup cannot introduce a leak.
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         raise Unauthorized(
-            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`"
+            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`",
+            security=SecurityNote(kind="auth_failed", detail="unknown token"),
         )
     if row.revoked or (row.expires_at is not None and row.expires_at <= now):
         raise Unauthorized(
-            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`"
+            "invalid or expired token: check AUTOSCALER_TOKEN or create one with `autoscaler token create`",
+            security=SecurityNote(
+                kind="auth_failed",
+                detail=f"{'revoked' if row.revoked else 'expired'} {row.kind} token",
+                token_id=row.id,
+                token_kind=row.kind,
+                pool=row.pool,
+                worker_id=row.worker_id,
+            ),
         )
     kind: TokenKind = row.kind  # type: ignore[assignment]
     return Principal(kind=kind, token_id=row.id, team=row.team, pool=row.pool, worker_id=row.worker_id), row

@@ -38,6 +38,13 @@ def agent(
         str | None, typer.Option(help="Base URL of the cloud metadata service (default 169.254.169.254).")
     ] = None,
     work_dir: Annotated[Path | None, typer.Option(help="Where tasks without a working dir get scratch dirs.")] = None,
+    state_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the worker token is kept for re-registration after a restart "
+            "(env AUTOSCALER_STATE_FILE; default WORK_DIR/.agent/worker.json)."
+        ),
+    ] = None,
     max_tasks: Annotated[
         int | None, typer.Option(min=1, max=64, help="Tasks at once; default: one per GPU, 1 without.")
     ] = None,
@@ -91,5 +98,5 @@ def agent(
         "provider": provider,
         "metadata_url": metadata_url,
     }
-    settings = resolve(flags, os.environ, bootstrap, timing, work_dir=work_dir)
+    settings = resolve(flags, os.environ, bootstrap, timing, work_dir=work_dir, state_file=state_file)
     raise typer.Exit(run(settings, max_tasks=max_tasks, log_level=log_level))

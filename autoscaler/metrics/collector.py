@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.auth import security
 from autoscaler.notify.deliver import delivery_counts
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.reports.spend import TeamSpend
@@ -152,6 +153,30 @@ def _lifecycle_families(session: Session, now: datetime, team: str | None) -> It
     yield booting
 
 
+def _security_families(session: Session) -> Iterator[Metric]:
+    """Security events from the database (every API process's), for admins only."""
+    seen = {(k, tk): n for k, tk, n in security.counts(session)}
+    events = CounterMetricFamily(
+        "autoscaler_security_events",
+        "Security events: refused registrations, token replays, authorization failures, by kind and token kind.",
+        labels=["kind", "token_kind"],
+    )
+    for kind in security.KINDS:  # every kind has a series from the start, so rate() alerts work
+        if not any(k == kind for k, _ in seen):
+            events.add_metric([kind, ""], 0)
+    for (kind, token_kind), n in sorted(seen.items()):
+        events.add_metric([kind, token_kind], n)
+    yield events
+    per_token = CounterMetricFamily(
+        "autoscaler_token_security_events",
+        "Security events per recognised token (by token id, never the token), the 200 with most events.",
+        labels=["token_id", "token_kind"],
+    )
+    for token_id, token_kind, n in security.failures_by_token(session):
+        per_token.add_metric([token_id, token_kind], n)
+    yield per_token
+
+
 def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
     mtd = GaugeMetricFamily("autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"])
     burn = GaugeMetricFamily(
@@ -213,4 +238,5 @@ def snapshot_families(
         *_lifecycle_families(session, now, team),
         *_spend_families(spend),
         *_alert_families(session, team),
+        *(_security_families(session) if team is None else ()),
     ]

@@ -7,15 +7,18 @@ worker that just picked up work (a classic bug of the closest peer).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
-from autoscaler.errors import Conflict, Forbidden, NotFound
+from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
 from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.state.models import ApiToken, Instance, Task, Worker
@@ -36,20 +39,276 @@ class Registration:
     agent_version: str = ""
     tenancy: str = "team"
     unused_cost: str = "launcher"
+    # A random secret the agent process keeps in memory: it lets that process, and only
+    # it, retry a join whose answer it lost (the join token alone is then spent).
+    retry_key: str | None = None
+
+
+# Instances whose machine cannot be the one registering now.
+_ENDED_INSTANCE_STATES = ("terminating", "terminated", "launch_failed", "boot_timeout", "lost", "preempted")
+
+
+def _refuse(reg: Registration, token: ApiToken, kind: str, message: str, detail: str) -> Forbidden:
+    return Forbidden(
+        message,
+        security=SecurityNote(
+            kind=kind,
+            detail=detail,
+            token_id=token.id,
+            token_kind=token.kind,
+            pool=reg.pool,
+            instance_id=reg.instance_id,
+            worker_id=token.worker_id,
+        ),
+    )
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _is_retry(join: ApiToken, reg: Registration, key_hash: str | None) -> bool:
+    """The agent process that consumed the token, asking again (same instance, same key)."""
+    return (
+        key_hash is not None
+        and join.retry_key_hash is not None
+        and hmac.compare_digest(join.retry_key_hash, key_hash)
+        and join.bound_instance == reg.instance_id
+    )
+
+
+def _replay(reg: Registration, join: ApiToken) -> Forbidden:
+    return _refuse(
+        reg,
+        join,
+        "join_replay",
+        "this join token was already used; a join token registers once "
+        "(a restarted agent re-registers with its worker token)",
+        f"consumed join token presented again (bound to {join.bound_instance})",
+    )
+
+
+def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> Instance | None:
+    """Refuse (403, with a security note) a registration whose claimed identity is not
+    what the join token was minted for; returns the launch's Instance row, if any."""
+    refused = "registration_refused"
+    if join.pool and reg.pool != join.pool:
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            f"this join token is for pool {join.pool!r}, not {reg.pool!r}",
+            f"join token for pool {join.pool} presented for pool {reg.pool}",
+        )
+    if join.provider and reg.provider != join.provider:
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            f"this join token is for a {join.provider} machine, not {reg.provider!r}",
+            f"join token for provider {join.provider} presented by provider {reg.provider}",
+        )
+    launch: Instance | None = None
+    if join.request_id:
+        launch = session.scalar(select(Instance).where(Instance.request_id == join.request_id))
+        if launch is None or launch.pool != reg.pool:
+            raise _refuse(
+                reg,
+                join,
+                refused,
+                "this join token's launch is unknown or in another pool; ask for a new one",
+                f"launch {join.request_id} not found in pool {reg.pool}",
+            )
+        if launch.state in _ENDED_INSTANCE_STATES:
+            raise _refuse(
+                reg,
+                join,
+                refused,
+                f"the launch this join token was made for is {launch.state}",
+                f"launch {join.request_id} is {launch.state}",
+            )
+        if launch.provider_instance_id and launch.provider_instance_id != reg.instance_id:
+            raise _refuse(
+                reg,
+                join,
+                refused,
+                "this join token was made for another instance; the claimed instance id does not match the launch",
+                f"claimed instance {reg.instance_id}, launch {join.request_id} is {launch.provider_instance_id}",
+            )
+    # An instance id that belongs to another launch (of this pool or any other) is never
+    # this token's to claim.
+    other = session.scalar(
+        select(Instance).where(Instance.provider_instance_id == reg.instance_id).limit(1)
+        if launch is None
+        else select(Instance).where(Instance.provider_instance_id == reg.instance_id, Instance.id != launch.id).limit(1)
+    )
+    if other is not None and (launch is not None or other.pool != reg.pool):
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            "the claimed instance id belongs to another launch; registration refused",
+            f"claimed instance {reg.instance_id} of pool {other.pool} (launch {other.request_id})",
+        )
+    return launch
 
 
 def register(session: Session, join: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
-    """Register an agent with a join token; returns the worker and its new worker token."""
-    if join.pool and reg.pool != join.pool:
-        raise Forbidden(f"this join token is for pool {join.pool!r}, not {reg.pool!r}")
-    if join.bound_instance is not None and join.bound_instance != reg.instance_id:
-        raise Forbidden("this join token was already used by another instance; ask for a new one")
-    join.bound_instance = reg.instance_id
-    # A retried registration from the same instance supersedes the earlier worker.
-    for old in session.scalars(
-        select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES))
+    """Register an agent with a join token; returns the worker and its new worker token.
+
+    The token is consumed atomically by the first registration that passes the
+    binding checks (a conditional UPDATE: of two concurrent ones, one matches no row).
+    Any later presentation is a replay and is refused, except a retry by the same
+    agent process (same instance, same retry key) whose answer was lost.
+    """
+    key_hash = _digest(reg.retry_key) if reg.retry_key else None
+    if join.used_at is not None and not _is_retry(join, reg, key_hash):
+        raise _replay(reg, join)  # spent before this request began: a replay, whatever it claims
+    launch = check_join_binding(session, join, reg)
+    consumed = session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == join.id, ApiToken.used_at.is_(None), ApiToken.revoked.is_(False))
+        .values(used_at=now, bound_instance=reg.instance_id, retry_key_hash=key_hash)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(join)
+    retry_of: str | None = None
+    if consumed.rowcount != 1:  # type: ignore[attr-defined]
+        # Spent meanwhile (a concurrent registration won) or before: only its own retry passes.
+        if not _is_retry(join, reg, key_hash):
+            raise _replay(reg, join)
+        retry_of = join.worker_id
+    live = list(
+        session.scalars(
+            select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES)).with_for_update()
+        )
+    )
+    for old in live:
+        if old.id != retry_of:
+            raise _refuse(
+                reg,
+                join,
+                "registration_refused",
+                f"instance {reg.instance_id} already has a live worker ({old.id}); a restarted agent "
+                "re-registers with its worker token, or deregister that worker first",
+                f"join token claimed instance {reg.instance_id} of live worker {old.id}",
+            )
+    if retry_of is not None:
+        old_worker = session.get(Worker, retry_of)
+        if old_worker is not None:
+            _retire(session, old_worker, now=now)
+    worker, plaintext = _new_worker(session, reg, now=now, launch=launch)
+    join.worker_id = worker.id
+    return worker, plaintext
+
+
+def reregister(session: Session, token: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
+    """Re-register a machine whose agent restarted, with that worker's own token.
+
+    The claimed identity must be the worker's (same instance, pool and provider). The
+    old worker is gone (`re-registered`), its tokens are revoked (the one presented
+    atomically: of two concurrent re-registrations one fails) and a new worker with a
+    new token takes its place."""
+    old = session.get(Worker, token.worker_id, with_for_update=True) if token.worker_id else None
+    if old is None:
+        raise _refuse(
+            reg,
+            token,
+            "registration_refused",
+            "this worker token names no worker",
+            "worker token without a worker presented for re-registration",
+        )
+    if (reg.instance_id, reg.pool, reg.provider) != (old.instance_id, old.pool, old.provider):
+        raise _refuse(
+            reg,
+            token,
+            "registration_refused",
+            "a worker token re-registers only its own machine (same instance id, pool and provider)",
+            f"worker token of {old.id} ({old.provider}/{old.pool}/{old.instance_id}) claimed "
+            f"{reg.provider}/{reg.pool}/{reg.instance_id}",
+        )
+    launch = session.scalar(
+        select(Instance)
+        .where(
+            (Instance.worker_id == old.id)
+            | ((Instance.provider_instance_id == old.instance_id) & (Instance.pool == old.pool))
+        )
+        .order_by(Instance.created_at.desc())
+        .limit(1)
+    )
+    if launch is not None and launch.state in _ENDED_INSTANCE_STATES:
+        raise _refuse(
+            reg,
+            token,
+            "registration_refused",
+            f"the instance of this worker is {launch.state}; it cannot register again",
+            f"worker token of {old.id} presented for re-registration of {launch.state} instance {old.instance_id}",
+        )
+    revoked = session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == token.id, ApiToken.revoked.is_(False))
+        .values(revoked=True)
+        .execution_options(synchronize_session=False)
+    )
+    if revoked.rowcount != 1:  # type: ignore[attr-defined]
+        raise _refuse(
+            reg,
+            token,
+            "worker_token_replay",
+            "this worker token was already used to re-register",
+            f"worker token of {old.id} presented again while re-registering",
+        )
+    _retire(session, old, now=now)
+    return _new_worker(session, reg, now=now, launch=launch)
+
+
+def expel_impostors(session: Session, launch: Instance, *, now: datetime) -> list[str]:
+    """Once the provider reports the launch's instance id: a worker that registered with
+    this launch's join token before that, claiming another instance id, was not that
+    machine. It is deregistered (its tasks requeued, its tokens revoked) and recorded.
+    Returns the expelled worker ids."""
+    expelled: list[str] = []
+    if not launch.provider_instance_id:
+        return expelled
+    for join in session.scalars(
+        select(ApiToken).where(
+            ApiToken.kind == "join", ApiToken.request_id == launch.request_id, ApiToken.used_at.is_not(None)
+        )
     ):
+        if join.bound_instance == launch.provider_instance_id or not join.worker_id:
+            continue
+        worker = session.get(Worker, join.worker_id)
+        if worker is None:
+            continue
+        deregister(session, worker.id, now=now, reason="impostor")
+        security.record(
+            session,
+            SecurityNote(
+                kind=security.LAUNCH_MISMATCH,
+                detail=(
+                    f"worker {worker.id} registered as {join.bound_instance} with the join token of launch "
+                    f"{launch.request_id}, which the provider reports as {launch.provider_instance_id}; deregistered"
+                ),
+                token_id=join.id,
+                token_kind="join",
+                pool=launch.pool,
+                instance_id=join.bound_instance,
+                worker_id=worker.id,
+            ),
+            now=now,
+        )
+        expelled.append(worker.id)
+    return expelled
+
+
+def _retire(session: Session, old: Worker, *, now: datetime) -> None:
+    if old.state in LIVE_STATES:
         _go(session, old, now=now, reason="re-registered")
+    for tok in session.scalars(select(ApiToken).where(ApiToken.worker_id == old.id, ApiToken.kind == "worker")):
+        tok.revoked = True
+
+
+def _new_worker(session: Session, reg: Registration, *, now: datetime, launch: Instance | None) -> tuple[Worker, str]:
     gpu_type = reg.gpus[0].get("model") if reg.gpus else None
     worker = Worker(
         hostname=reg.hostname[:255],
@@ -75,6 +334,8 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     instance = session.scalar(
         select(Instance).where(Instance.provider_instance_id == reg.instance_id, Instance.pool == reg.pool)
     )
+    if instance is None and launch is not None and launch.provider_instance_id == reg.instance_id:
+        instance = launch
     if instance is not None:
         instance.worker_id = worker.id
     plaintext, _ = create_token(session, kind="worker", now=now, pool=reg.pool, worker_id=worker.id)
@@ -185,7 +446,7 @@ def deregister(session: Session, worker_id: str, *, now: datetime, reason: str =
         _go(session, worker, now=now, reason=reason)
     # A lost worker keeps its token so that, if it comes back, its heartbeat can be
     # told to shut down; a deregistered one has nothing left to say.
-    for tok in session.scalars(select(ApiToken).where(ApiToken.worker_id == worker.id)):
+    for tok in session.scalars(select(ApiToken).where(ApiToken.worker_id == worker.id, ApiToken.kind == "worker")):
         tok.revoked = True
     return worker
 

@@ -52,6 +52,10 @@ def bootstrap_user_data(config: AutoscalerConfig, clock_now: Callable[[], dateti
             pool=pool.name,
             ttl=timedelta(seconds=pool.boot_timeout_s + 60),
             name=f"launch {request_id}",
+            # Bound to this launch: only its provider, and once the provider reported
+            # it, only its instance id may register with it (once).
+            request_id=request_id,
+            provider=pool.provider,
         )
         spec = BootstrapSpec(
             server_url=server_url(config),

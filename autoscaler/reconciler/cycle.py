@@ -47,7 +47,7 @@ from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.queueing.workers import drain as drain_worker
-from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.queueing.workers import expel_impostors, expire_silent_workers
 from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
 from autoscaler.reconciler.record import record_cycle
@@ -583,6 +583,13 @@ class Reconciler:
         inst.launched_at = inst.launched_at or pi.launched_at or now
         inst.zone = pi.zone or inst.zone
         transition(s, inst, S.BOOTING, reason=reason, now=now)
+        for wid in expel_impostors(s, inst, now=now):
+            log.warning(
+                "pool %s: worker %s registered with launch %s's token as another instance",
+                inst.pool,
+                wid,
+                inst.request_id,
+            )
         worker = s.scalar(
             select(Worker).where(
                 Worker.instance_id == pi.instance_id,

@@ -108,12 +108,38 @@ class ApiToken(Base):
     team: Mapped[str | None] = mapped_column(String(64))
     pool: Mapped[str | None] = mapped_column(String(64))
     worker_id: Mapped[str | None] = mapped_column(String(32))
-    # A join token is bound to the first instance that registers with it; a different
-    # instance presenting it again is refused (a retry from the same instance is not).
+    # A join token is consumed by its first successful registration (`used_at`), which
+    # binds it to that instance; any later presentation is a replay and is refused,
+    # except the same agent process retrying a registration whose answer it lost
+    # (it proves that with the retry key whose digest is kept here).
     bound_instance: Mapped[str | None] = mapped_column(String(128))
+    used_at: Mapped[datetime | None]
+    retry_key_hash: Mapped[str | None] = mapped_column(String(64))
+    # What a join token minted for a launch expects: the launch's request id (hence its
+    # Instance row and, once the provider reported it, the instance id) and provider.
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    provider: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class SecurityEvent(Base):
+    """A refused registration, a token replay or an authorization failure. Never holds
+    a token: only the id of the token row when one was recognised."""
+
+    __tablename__ = "security_events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    # registration_refused | join_replay | worker_token_replay | auth_failed | forbidden
+    kind: Mapped[str] = mapped_column(String(32))
+    client: Mapped[str] = mapped_column(String(64), default="")
+    token_id: Mapped[str | None] = mapped_column(String(32))
+    token_kind: Mapped[str | None] = mapped_column(String(16))
+    pool: Mapped[str | None] = mapped_column(String(64))
+    instance_id: Mapped[str | None] = mapped_column(String(128))
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text, default="")
 
 
 class QueueRow(Base):

@@ -1,4 +1,4 @@
-"""The dashboard's pages: overview, tasks, a task, fleet, decisions, charts, login.
+"""The dashboard's pages: overview, tasks, a task, fleet, decisions, charts, admin, login.
 
 Every page resolves the viewer from the session cookie (see `session.py`) and
 queries through `views.py` with the viewer's team, so a team member never sees
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from autoscaler.admission.why_db import team_standing, why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Ctx, tx
+from autoscaler.auth import security
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
@@ -268,4 +269,25 @@ def charts(request: Request, ctx: Ctx, hours: str | None = None) -> Response:
             refresh=REFRESH_S * 6,
             hours=n,
             charts=[line_chart(views.CHART_TITLES.get(m, m), ss) for m, ss in series.items()],
+        )
+
+
+@router.get("/admin")
+@page
+def admin(request: Request, ctx: Ctx) -> Response:
+    """Admins only: security events (refused registrations, replays, authorization failures)."""
+    with tx(ctx) as s:
+        viewer = cookie_principal(request, s, ctx)
+        if viewer is None:
+            return _to_login(request)
+        if not viewer.is_admin:
+            return render("error.html", status=403, viewer=viewer, nav="", message="the admin page is for admins")
+        return render(
+            "admin.html",
+            viewer=viewer,
+            nav="admin",
+            refresh=REFRESH_S * 2,
+            counts=security.counts(s),
+            by_token=security.failures_by_token(s, limit=50),
+            events=security.recent(s, limit=100),
         )

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from providers.aws.errors import map_error
+from providers.aws.identity import verifier_from_options
 from providers.aws.settings import AwsSettings
 from providers.base import (
     TAG_OWNER,
@@ -40,6 +41,7 @@ from providers.base import (
     ProviderInstance,
     TransientError,
 )
+from providers.identity import IdentityVerifier
 
 TAG_CAPACITY = "autoscaler-capacity-type"
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
@@ -103,6 +105,16 @@ class AwsProvider:
         self.last_fleet_errors: builtins.list[dict[str, Any]] = []
 
     # ---- the Provider protocol -----------------------------------------------------
+
+
+    def identity_verifier(self) -> IdentityVerifier | None:
+        """The registration hook: checks AWS-signed instance identity documents when the
+        pool sets `identity_certificate` (see providers/aws/identity.py)."""
+        options = {
+            "identity_certificate": self.settings.identity_certificate,
+            "identity_account_id": self.settings.identity_account_id,
+        }
+        return verifier_from_options(options, self.settings.region)
 
     def offerings(self) -> builtins.list[Offering]:
         """The configured catalog, with spot prices from EC2's price history when it answers."""

@@ -42,6 +42,11 @@ class AwsSettings:
     # Another EC2 endpoint (LocalStack, moto); None = AWS's.
     endpoint_url: str | None = None
     extra_tags: Mapping[str, str] = field(default_factory=dict)
+    # The region's public AWS certificate (PEM, inline or a file path): when set, an
+    # agent registers only with an instance identity document it signs (identity.py).
+    identity_certificate: str | None = None
+    # With identity_certificate: the account the instances must belong to.
+    identity_account_id: str | None = None
 
     @classmethod
     def from_options(

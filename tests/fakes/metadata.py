@@ -14,11 +14,13 @@ from urllib.parse import urlparse
 
 
 class FakeMetadata:
-    def __init__(self, provider: str, instance_id: str = "i-0fake") -> None:
+    def __init__(self, provider: str, instance_id: str = "i-0fake", identity: dict[str, str] | None = None) -> None:
         if provider not in ("aws", "gcp", "azure"):
             raise ValueError(f"no fake metadata service for {provider!r}")
         self.provider = provider
         self.instance_id = instance_id
+        # AWS: the instance identity document and signature served (tests/fakes/aws_identity.py).
+        self.identity = identity
         self.armed = False
         self.requests: list[tuple[str, str, int]] = []
         self._tokens: set[str] = set()
@@ -85,6 +87,10 @@ class FakeMetadata:
             return 401, "", "text/plain"  # IMDSv2 only: no token, no answer
         if path == "/latest/meta-data/instance-id":
             return 200, self.instance_id, "text/plain"
+        if path == "/latest/dynamic/instance-identity/document" and self.identity:
+            return 200, self.identity["document"], "text/plain"
+        if path == "/latest/dynamic/instance-identity/signature" and self.identity:
+            return 200, self.identity["signature"] + "\n", "text/plain"
         if path == "/latest/meta-data/spot/instance-action":
             if not self.armed:
                 return 404, "Not Found", "text/plain"

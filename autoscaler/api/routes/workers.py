@@ -25,9 +25,11 @@ from autoscaler.api.schemas import (
     WorkerOut,
 )
 from autoscaler.auth.sealing import SecretUnavailable
+from autoscaler.errors import Forbidden, SecurityNote
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
-from autoscaler.state.models import Task, Worker
+from autoscaler.state.models import ApiToken, Task, Worker
+from providers.identity import IdentityRefused, identity_verifier
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
@@ -45,22 +47,34 @@ def _pool_setting(ctx: Ctx, pool: str, key: str, default: str) -> str:
 
 @router.post("/register", response_model=RegisterOut, status_code=201)
 def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
+    """First registration with a one-time join token, or re-registration after an agent
+    restart with the worker's own token (which is then rotated)."""
+    reg = ops.Registration(
+        hostname=body.hostname,
+        instance_id=body.instance_id,
+        provider=body.provider,
+        pool=body.pool,
+        gpus=[g.model_dump() for g in body.gpus],
+        cpus=body.cpus,
+        memory_mb=body.memory_mb,
+        simulated_gpus=any(g.simulated for g in body.gpus),
+        agent_version=body.agent_version,
+        retry_key=body.retry_key,
+        tenancy=_pool_setting(ctx, body.pool, "tenancy", "team"),
+        unused_cost=_pool_setting(ctx, body.pool, "unused_cost", "launcher"),
+    )
+    superseded: str | None = None
     with tx(ctx) as s:
-        join = auth.join(s)
-        reg = ops.Registration(
-            hostname=body.hostname,
-            instance_id=body.instance_id,
-            provider=body.provider,
-            pool=body.pool,
-            gpus=[g.model_dump() for g in body.gpus],
-            cpus=body.cpus,
-            memory_mb=body.memory_mb,
-            simulated_gpus=any(g.simulated for g in body.gpus),
-            agent_version=body.agent_version,
-            tenancy=_pool_setting(ctx, body.pool, "tenancy", "team"),
-            unused_cost=_pool_setting(ctx, body.pool, "unused_cost", "launcher"),
-        )
-        worker, token = ops.register(s, join, reg, now=ctx.clock.now())
+        principal, row = auth.registrant(s)
+        _verify_identity(ctx, reg, row, body.identity)
+        if principal.kind == "join":
+            worker, token = ops.register(s, row, reg, now=ctx.clock.now())
+        else:
+            superseded = principal.worker_id
+            worker, token = ops.reregister(s, row, reg, now=ctx.clock.now())
+    if superseded is not None:
+        # The old worker's tokens were revoked: this process stops accepting them now.
+        ctx.principals.forget_worker(superseded)
     ctx.wake("worker registered")
     return RegisterOut(
         worker_id=worker.id,
@@ -68,6 +82,40 @@ def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
         heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
         heartbeat_timeout_s=ctx.config.reconcile.heartbeat_timeout_s,
     )
+
+
+def _verify_identity(ctx: AppContext, reg: ops.Registration, token: ApiToken, evidence: dict[str, str] | None) -> None:
+    """Where the pool's cloud signs the machine's identity and the pool is set up to
+    check it, the claimed instance id must be the one the cloud signed."""
+    pool = ctx.config.pool(reg.pool)
+    if pool is None or pool.provider != reg.provider:
+        return  # the token checks refuse what does not match
+    verifier = identity_verifier(pool.provider, pool.options, pool.region)
+    if verifier is None:
+        return
+
+    def refuse(why: str) -> Forbidden:
+        return Forbidden(
+            f"registration refused: {why}",
+            security=SecurityNote(
+                kind="registration_refused",
+                detail=f"identity verification: {why}",
+                token_id=token.id,
+                token_kind=token.kind,
+                pool=reg.pool,
+                instance_id=reg.instance_id,
+                worker_id=token.worker_id,
+            ),
+        )
+
+    if not evidence:
+        raise refuse(f"pool {reg.pool} requires the {reg.provider} instance identity document; none was sent")
+    try:
+        verified = verifier(evidence)
+    except IdentityRefused as exc:
+        raise refuse(str(exc)) from None
+    if verified.instance_id != reg.instance_id:
+        raise refuse(f"the signed identity is instance {verified.instance_id}, not the claimed {reg.instance_id}")
 
 
 @router.post("/{worker_id}/heartbeat", response_model=HeartbeatOut)
