@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from autoscaler.errors import MissingExtra
+from providers.base import InvalidRequest, Scope
 from providers.identity import IdentityRefused, IdentityVerifier, VerifiedIdentity
 
 
@@ -30,7 +30,12 @@ def _load_public_key(certificate_pem: bytes) -> Any:
     try:
         from cryptography import x509
     except ImportError:
-        raise MissingExtra("aws", "cryptography") from None
+        raise InvalidRequest(
+            "verifying AWS instance identity needs the 'aws' extra (cryptography is not installed): "
+            "pip install 'gpu-autoscaler[aws]'",
+            scope=Scope.PROVIDER,
+            code="MissingExtra",
+        ) from None
     try:
         return x509.load_pem_x509_certificate(certificate_pem).public_key()
     except ValueError as exc:
