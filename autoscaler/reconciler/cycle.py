@@ -168,6 +168,7 @@ class Reconciler:
         now = self.clock.now()
         timings: dict[str, float] = {}
         result = CycleResult(at=now, plan=Plan())
+        self._failed_now.clear()
         # Outcomes of provider calls that finished since the last cycle (threaded mode).
         self._apply_outcomes(now, result)
         # Observe: every provider read, with no transaction open.
@@ -392,30 +393,42 @@ class Reconciler:
     # ------------------------------------------------------------------ outcomes
 
     def _apply_outcomes(self, now: datetime, result: CycleResult) -> list[Outcome]:
-        """Record what the executor's finished calls did (in sync mode: the call just made)."""
+        """Record what the executor's finished calls did (in sync mode: the call just made):
+        the successes in one transaction, then each failure (blocks, backoff)."""
         done = self.executor.outcomes()
-        for outcome in done:
-            crash_point("before_apply_outcome")
-            if isinstance(outcome, LaunchDone):
-                self._apply_launch(outcome, now, result)
-            else:
-                self._apply_terminate(outcome, now, result)
+        if not done:
+            return done
+        crash_point("before_apply_outcome")
+        failed = [o for o in done if isinstance(o, LaunchDone) and o.error is not None]
+        ok = [o for o in done if not (isinstance(o, LaunchDone) and o.error is not None)]
+        after: list[Callable[[], None]] = []
+        if any(isinstance(o, LaunchDone) or o.row_ids or o.error is not None for o in ok):
+            with transaction(self.sessions) as s:
+                for o in ok:
+                    if isinstance(o, LaunchDone):
+                        self._apply_launch(s, o, now, result, after)
+                    else:
+                        self._apply_terminate(s, o, now, result, after)
+        for fn in after:
+            fn()
+        for o in failed:
+            assert isinstance(o, LaunchDone) and o.error is not None
+            self._apply_launch_error(o, o.error, now, result)
         return done
 
-    def _apply_terminate(self, done: TerminateDone, now: datetime, result: CycleResult) -> None:
+    def _apply_terminate(
+        self, s: Session, done: TerminateDone, now: datetime, result: CycleResult, after: list[Callable[[], None]]
+    ) -> None:
         if done.error is not None:
             msg = done.error.message if isinstance(done.error, ProviderError) else repr(done.error)
             log.warning("pool %s: terminate %s failed (%s); will retry", done.pool, list(done.provider_ids), msg)
             return
-        if not done.row_ids:
-            return
-        with transaction(self.sessions) as s:
-            for row_id in done.row_ids:
-                inst = s.get(Instance, row_id)
-                if inst is not None and inst.state == S.TERMINATING:
-                    transition(s, inst, S.TERMINATED, reason="terminated", now=now)
-                    inst.terminated_at = now
-        result.terminated.extend(done.row_ids)
+        for row_id in done.row_ids:
+            inst = s.get(Instance, row_id)
+            if inst is not None and inst.state == S.TERMINATING:
+                transition(s, inst, S.TERMINATED, reason="terminated", now=now)
+                inst.terminated_at = now
+        after.append(lambda: result.terminated.extend(done.row_ids))
 
     # ------------------------------------------------------------------ act
 
@@ -443,6 +456,9 @@ class Reconciler:
             crash_point("after_drain")
             result.drained.append(d.worker_id)
         self._resume_intents(now, result)
+        if not self.executor.inline:
+            self._launch_batch(list(the_plan.launches), now, result)
+            return
         failed_offerings: set[tuple[str, str]] = set()
         for launch in the_plan.launches:
             st = self._state[launch.pool]
@@ -486,37 +502,54 @@ class Reconciler:
 
     def _write_intent(self, launch: Launch, now: datetime) -> str:
         """Commit the launch intent; the provider is called only after this returns."""
+        with transaction(self.sessions) as s:
+            return self._add_intent(s, launch, now)
+
+    def _add_intent(self, s: Session, launch: Launch, now: datetime) -> str:
         pool = self.pools[launch.pool]
         o = launch.offering
+        inst = Instance(
+            request_id=new_id(),
+            provider=pool.provider,
+            pool=pool.name,
+            instance_type=o.instance_type,
+            capacity_type=o.capacity_type,
+            zone=o.zone,
+            region=pool.region,
+            gpus=o.gpus,
+            gpu_type=o.gpu_type,
+            state=S.REQUESTED.value,
+            team=launch.team,
+            hourly_price=o.hourly_price,
+            created_at=now,
+            updated_at=now,
+        )
+        inst.id = new_id()  # what the column default would draw at the flush (same order of ids)
+        s.add(inst)
+        s.add(
+            InstanceEvent(
+                instance_id=inst.id,
+                at=now,
+                from_state=None,
+                to_state=S.REQUESTED.value,
+                reason=launch.reason[:255],
+            )
+        )
+        return inst.id
+
+    def _launch_batch(self, launches: list[Launch], now: datetime, result: CycleResult) -> None:
+        """Threaded mode: every intent of the cycle in one transaction, all moved to
+        `launching` (with their user-data) in a second, then every call submitted; the
+        outcomes come back later. The intents are committed before any call, as always."""
+        chosen = [
+            launch for launch in launches if not ((b := self._state[launch.pool].backoff_until) is not None and b > now)
+        ]
+        if not chosen:
+            return
         with transaction(self.sessions) as s:
-            inst = Instance(
-                request_id=new_id(),
-                provider=pool.provider,
-                pool=pool.name,
-                instance_type=o.instance_type,
-                capacity_type=o.capacity_type,
-                zone=o.zone,
-                region=pool.region,
-                gpus=o.gpus,
-                gpu_type=o.gpu_type,
-                state=S.REQUESTED.value,
-                team=launch.team,
-                hourly_price=o.hourly_price,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(inst)
-            s.flush()
-            s.add(
-                InstanceEvent(
-                    instance_id=inst.id,
-                    at=now,
-                    from_state=None,
-                    to_state=S.REQUESTED.value,
-                    reason=launch.reason[:255],
-                )
-            )
-            return inst.id
+            ids = [self._add_intent(s, launch, now) for launch in chosen]
+        crash_point("after_intent")
+        self._submit_launches(ids, now, result)
 
     def _resume_intents(self, now: datetime, result: CycleResult) -> None:
         """Intents left by a crash or a transient error: call again with the same request id
@@ -528,86 +561,100 @@ class Reconciler:
             )
             ids = [(str(a), str(b)) for a, b in s.execute(stmt)]
         in_flight = self.executor.launching()
+        todo: list[str] = []
         for inst_id, pool in ids:
             if inst_id in in_flight:
                 continue
             st = self._state.get(pool)
             if st is not None and st.backoff_until is not None and st.backoff_until > now:
                 continue
-            self._call_launch(inst_id, now, result)
+            todo.append(inst_id)
+        if self.executor.inline:
+            for inst_id in todo:
+                self._call_launch(inst_id, now, result)
+        elif todo:
+            self._submit_launches(todo, now, result)
 
     def _call_launch(self, inst_id: str, now: datetime, result: CycleResult) -> bool:
-        """Move the intent to `launching` and submit the call. False when it is known to
-        have failed already (sync mode, or no provider); the outcome is applied by
-        `_apply_launch`, now (sync mode) or in a later cycle."""
-        with transaction(self.sessions) as s:
-            inst = s.get(Instance, inst_id)
-            if inst is None or inst.provider_instance_id is not None:
-                return True
-            pool = self.pools.get(inst.pool)
-            provider = self.providers.get(inst.pool)
-            if pool is None or provider is None:
-                transition(s, inst, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
-                return False
-            if inst.state == S.REQUESTED:
-                transition(
-                    s,
-                    inst,
-                    S.LAUNCHING,
-                    reason=f"calling {provider.name} with request id {inst.request_id}",
-                    now=now,
-                )
-            offering = self._offering_of(inst)
-            user_data = self.user_data(s, pool, inst.request_id) if self.user_data else ""
-            request = LaunchRequest(
-                request_id=inst.request_id,
-                pool=pool.name,
-                owner=self.config.deployment,
-                offering=offering,
-                image=pool.image,
-                user_data=user_data,
-                tags={TAG_TEAM: inst.team or "shared"},
-            )
-        crash_point("before_launch_submit")
+        """Sync mode: one launch, its outcome applied at once. False when it failed."""
         self._failed_now.discard(inst_id)
-        self.executor.submit_launch(provider, inst_id, request)
-        self._apply_outcomes(now, result)
+        self._submit_launches([inst_id], now, result)
         return inst_id not in self._failed_now
 
-    def _apply_launch(self, done: LaunchDone, now: datetime, result: CycleResult) -> None:
+    def _submit_launches(self, ids: list[str], now: datetime, result: CycleResult) -> None:
+        """Move the intents to `launching` (one transaction) and submit their calls; the
+        outcomes are applied by `_apply_launch`, now (sync mode) or in a later cycle."""
+        calls: list[tuple[str, Provider, LaunchRequest]] = []
+        with transaction(self.sessions) as s, s.no_autoflush:
+            rows = {i.id: i for i in s.scalars(select(Instance).where(Instance.id.in_(ids)))} if len(ids) > 1 else {}
+            for inst_id in ids:
+                inst = rows.get(inst_id) if rows else s.get(Instance, inst_id)
+                if inst is None or inst.provider_instance_id is not None:
+                    continue
+                pool = self.pools.get(inst.pool)
+                provider = self.providers.get(inst.pool)
+                if pool is None or provider is None:
+                    transition(s, inst, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
+                    self._failed_now.add(inst_id)
+                    continue
+                if inst.state == S.REQUESTED:
+                    transition(
+                        s,
+                        inst,
+                        S.LAUNCHING,
+                        reason=f"calling {provider.name} with request id {inst.request_id}",
+                        now=now,
+                    )
+                offering = self._offering_of(inst)
+                user_data = self.user_data(s, pool, inst.request_id) if self.user_data else ""
+                request = LaunchRequest(
+                    request_id=inst.request_id,
+                    pool=pool.name,
+                    owner=self.config.deployment,
+                    offering=offering,
+                    image=pool.image,
+                    user_data=user_data,
+                    tags={TAG_TEAM: inst.team or "shared"},
+                )
+                calls.append((inst_id, provider, request))
+        for inst_id, provider, request in calls:
+            crash_point("before_launch_submit")
+            self.executor.submit_launch(provider, inst_id, request)
+        self._apply_outcomes(now, result)
+
+    def _apply_launch_error(self, done: LaunchDone, error: Exception, now: datetime, result: CycleResult) -> None:
         inst_id, request = done.row_id, done.request
-        st = self._state.setdefault(request.pool, _PoolRuntime())
-        if isinstance(done.error, ProviderError):
-            self._failed_now.add(inst_id)
-            self._launch_failed(inst_id, request, done.error, now, result)
+        self._failed_now.add(inst_id)
+        if isinstance(error, ProviderError):
+            self._launch_failed(inst_id, request, error, now, result)
             return
-        if done.error is not None:  # a driver bug: keep the intent, retry with the same id
-            log.error("pool %s: launch raised unexpectedly: %r", request.pool, done.error)
-            result.launch_errors.append(
-                f"{request.pool} {request.offering.key}: {type(done.error).__name__}: {done.error}"
-            )
+        # A driver bug: keep the intent, retry with the same id.
+        log.error("pool %s: launch raised unexpectedly: %r", request.pool, error)
+        result.launch_errors.append(f"{request.pool} {request.offering.key}: {type(error).__name__}: {error}")
+
+    def _apply_launch(
+        self, s: Session, done: LaunchDone, now: datetime, result: CycleResult, after: list[Callable[[], None]]
+    ) -> None:
+        inst_id, request = done.row_id, done.request
+        inst = s.get(Instance, inst_id)
+        if not done.instances:
+            if inst is not None and inst.state in (S.REQUESTED, S.LAUNCHING):
+                transition(s, inst, S.LAUNCH_FAILED, reason="the provider started no instance", now=now)
             self._failed_now.add(inst_id)
             return
+        first = done.instances[0]
         stray: str | None = None
-        with transaction(self.sessions) as s:
-            inst = s.get(Instance, inst_id)
-            if not done.instances:
-                if inst is not None and inst.state in (S.REQUESTED, S.LAUNCHING):
-                    transition(s, inst, S.LAUNCH_FAILED, reason="the provider started no instance", now=now)
-                self._failed_now.add(inst_id)
-                return
-            first = done.instances[0]
-            if inst is None:
+        if inst is None:
+            stray = first.instance_id
+        elif inst.state in (S.REQUESTED, S.LAUNCHING):
+            self._record_launched(s, inst, first, now, reason=f"launched as {first.instance_id}")
+        elif inst.state not in (S.BOOTING, S.READY, S.DRAINING):  # (those: adopted by a listing meanwhile)
+            # Given up while the call was in flight: the instance it started must not
+            # outlive the row. Recorded, so a failed terminate is retried by the sync.
+            if inst.provider_instance_id is None:
+                inst.provider_instance_id = first.instance_id
+            if inst.state in (S.TERMINATING, S.TERMINATED, S.LAUNCH_FAILED):
                 stray = first.instance_id
-            elif inst.state in (S.REQUESTED, S.LAUNCHING):
-                self._record_launched(s, inst, first, now, reason=f"launched as {first.instance_id}")
-            elif inst.state not in (S.BOOTING, S.READY, S.DRAINING):  # (those: adopted by a listing meanwhile)
-                # Given up while the call was in flight: the instance it started must not
-                # outlive the row. Recorded, so a failed terminate is retried by the sync.
-                if inst.provider_instance_id is None:
-                    inst.provider_instance_id = first.instance_id
-                if inst.state in (S.TERMINATING, S.TERMINATED, S.LAUNCH_FAILED):
-                    stray = first.instance_id
         if stray is not None:
             log.warning(
                 "pool %s: launch %s finished after its row was given up; terminating %s",
@@ -617,10 +664,15 @@ class Reconciler:
             )
             provider = self.providers.get(request.pool)
             if provider is not None:
-                self.executor.submit_terminate(provider, request.pool, [stray])
+                after.append(lambda: self.executor.submit_terminate(provider, request.pool, [stray]))
             return
-        st.failures, st.backoff_until = 0, None
-        result.launched.append(inst_id)
+
+        def done_ok() -> None:
+            st = self._state.setdefault(request.pool, _PoolRuntime())
+            st.failures, st.backoff_until = 0, None
+            result.launched.append(inst_id)
+
+        after.append(done_ok)
 
     def _record_launched(
         self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str, *, find_worker: bool = True

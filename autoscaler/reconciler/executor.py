@@ -55,6 +55,9 @@ Outcome = LaunchDone | TerminateDone
 
 
 class Executor(Protocol):
+    # True: each call runs at submit time and its outcome is applied at once (sync mode).
+    inline: bool
+
     def submit_launch(self, provider: Provider, row_id: str, request: LaunchRequest) -> None: ...
 
     def submit_terminate(
@@ -97,6 +100,8 @@ def _terminate(provider: Provider, pool: str, ids: tuple[str, ...], row_ids: tup
 class SyncExecutor:
     """Each call runs when submitted; its outcome is ready at once."""
 
+    inline = True
+
     def __init__(self) -> None:
         self._done: list[Outcome] = []
 
@@ -125,6 +130,8 @@ class SyncExecutor:
 class ThreadedExecutor:
     """A bounded thread pool per pool; `on_result` (e.g. the loop's wake) is called from
     the worker thread after each outcome is queued."""
+
+    inline = False
 
     def __init__(self, *, concurrency: int = DEFAULT_CONCURRENCY, on_result: Callable[[], None] | None = None) -> None:
         self.concurrency = concurrency
@@ -169,7 +176,7 @@ class ThreadedExecutor:
         launch: str | None = None,
         terminate: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None,
     ) -> None:
-        exc = future.exception()
+        exc: BaseException | None = Exception("cancelled") if future.cancelled() else future.exception()
         outcome: Outcome | None = None
         if exc is None:
             outcome = future.result()
