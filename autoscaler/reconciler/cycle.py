@@ -2,7 +2,8 @@
 
 `Reconciler.run_cycle()` is the whole loop body; the server calls it from APScheduler
 and the simulator calls it in a loop with a virtual clock. It reads time only from the
-injected clock, never sleeps, and talks to clouds only through `providers`.
+injected clock, never sleeps, and talks to clouds only through `providers` (the
+actions through its executor).
 
 Safety rules carried out here (the planner decides *what*, this module *how*):
 
@@ -11,9 +12,15 @@ Safety rules carried out here (the planner decides *what*, this module *how*):
   crash, an intent whose request id shows up in the provider's listing is adopted; one
   that does not is launched again with the *same* id, which the provider answers with
   the instance of the first call if there was one. So a launch is never doubled.
-- **Passive sync before active transitions.** Listings adopt, confirm termination,
-  notice preemption and loss, and find orphans (our owner tag, no record, older than the
-  grace period), all before the plan is made.
+- **Observe, then decide, then act.** Every provider read (listings, interruption
+  notices) is made with no transaction open; the passive sync (`sync.passive_sync`,
+  pure) turns rows + observation into transitions (adopt, confirm termination,
+  preemption, loss, orphans: our owner tag, no record, launched and first seen longer
+  than the grace period ago), applied in one short transaction before the plan is
+  made; notices are acknowledged to the provider only after it committed.
+- **Actions report back.** Launch and terminate calls go to an executor
+  (`executor.py`): threads under `autoscaler up`, so the cycle never waits on a cloud
+  operation; outcomes are applied by the next cycle (sync mode: at once).
 - **Static (on-prem) pools are capacity, never inventory.** Their workers (agents
   started on machines someone else owns, with the pool's join token) are planned on
   like any worker, but their listings never adopt, lose or orphan anything: the
