@@ -141,6 +141,7 @@ class ThreadedExecutor:
         self._done: list[Outcome] = []
         self._launching: set[str] = set()
         self._terminating: set[tuple[str, str]] = set()
+        self._running = 0  # calls submitted and not finished
         self._idle = threading.Condition(self._lock)
 
     def _pool(self, name: str) -> ThreadPoolExecutor:
@@ -155,6 +156,7 @@ class ThreadedExecutor:
             if row_id in self._launching:
                 return
             self._launching.add(row_id)
+            self._running += 1
         future = self._pool(request.pool).submit(_launch, provider, row_id, request)
         future.add_done_callback(lambda f: self._finish(f, launch=row_id))
 
@@ -166,6 +168,7 @@ class ThreadedExecutor:
             if not ids:
                 return
             self._terminating.update((pool, i) for i in ids)
+            self._running += 1
         future = self._pool(pool).submit(_terminate, provider, pool, ids, tuple(row_ids))
         future.add_done_callback(lambda f: self._finish(f, terminate=(pool, ids, tuple(row_ids))))
 
@@ -185,12 +188,16 @@ class ThreadedExecutor:
         elif terminate is not None:
             outcome = TerminateDone(terminate[0], terminate[1], terminate[2], error=Exception(repr(exc)))
         with self._lock:
-            if launch is not None:
-                self._launching.discard(launch)
-            if terminate is not None:
-                self._terminating.difference_update((terminate[0], i) for i in terminate[1])
+            self._running -= 1
             if outcome is not None:
+                # Still counted in flight until `outcomes()` hands it over, so a cycle
+                # never resubmits a call whose outcome waits to be applied.
                 self._done.append(outcome)
+            else:
+                if launch is not None:
+                    self._launching.discard(launch)
+                if terminate is not None:
+                    self._terminating.difference_update((terminate[0], i) for i in terminate[1])
             self._idle.notify_all()
         if self.on_result is not None:
             try:
@@ -201,6 +208,11 @@ class ThreadedExecutor:
     def outcomes(self) -> list[Outcome]:
         with self._lock:
             done, self._done = self._done, []
+            for o in done:
+                if isinstance(o, LaunchDone):
+                    self._launching.discard(o.row_id)
+                else:
+                    self._terminating.difference_update((o.pool, i) for i in o.provider_ids)
         return done
 
     def launching(self) -> frozenset[str]:
@@ -212,9 +224,9 @@ class ThreadedExecutor:
             return frozenset(self._terminating)
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Block until no call is in flight (tests and shutdown); False on timeout."""
+        """Block until every submitted call has finished (tests, benchmarks); False on timeout."""
         with self._lock:
-            return self._idle.wait_for(lambda: not self._launching and not self._terminating, timeout=timeout_s)
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout_s)
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -11,8 +11,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.clock import ManualClock
 from autoscaler.config import parse_config
 from autoscaler.policy.service import PolicyService
+from autoscaler.queueing import tasks as task_ops
 from autoscaler.reconciler.cycle import Reconciler
 from autoscaler.reconciler.executor import ThreadedExecutor
+from autoscaler.state.db import transaction
+from autoscaler.state.models import Task
 from tests.conftest import TEST_CONFIG
 from tests.reconciler.harness import make_rig
 
@@ -55,5 +58,36 @@ def test_a_cycle_with_100_launches_on_a_slow_fake_returns_at_once(
         assert len(launches) == N and len({c.arg.request_id for c in launches}) == N, "no duplicate call"
         assert len({i.request.request_id for i in fake.live()}) == N, "no duplicate instance"
         assert {i.provider_instance_id for i in rig.instances()} == {i.instance_id for i in fake.live()}
+    finally:
+        executor.close()
+
+
+def test_a_launch_that_finishes_after_its_row_was_given_up_is_terminated(
+    sqlite_sessions: sessionmaker[Session], clock: ManualClock, shipped_policy: PolicyService
+) -> None:
+    rig = make_rig(sqlite_sessions, parse_config(TEST_CONFIG, Path("test.yaml")), clock, shipped_policy)
+    fake = rig.fakes["gpu-pool"]
+    fake.op_delay_s = 0.5
+    executor = ThreadedExecutor()
+    r = Reconciler(rig.sessions, rig.config, clock, dict(rig.fakes), rig.policy, executor=executor)
+    try:
+        task = rig.enqueue()
+        first = r.run_cycle()
+        (row,) = rig.instances()
+        assert row.state == "launching" and executor.launching() == {row.id}
+        # Given up while the call is in flight (as a boot timeout or a budget would).
+        with transaction(rig.sessions) as s:
+            t = s.get(Task, task)
+            assert t is not None
+            task_ops.cancel(s, t, now=clock.now())
+        r._terminate(row.id, "given up (test)", None, clock.now(), first)
+        assert rig.instance(row.id).state == "terminated"
+        # Its outcome is not yet applied: still counted in flight, never resubmitted.
+        assert executor.wait_idle(5) and executor.launching() == {row.id}
+        r.run_cycle()
+        assert executor.wait_idle(5)
+        assert fake.live() == [], "the instance it started was terminated"
+        assert rig.instance(row.id).provider_instance_id is not None
+        assert len(fake.calls_of("launch")) == 1
     finally:
         executor.close()
