@@ -121,6 +121,9 @@ class InterruptionEvent:
     at: datetime
     # When the provider will take the instance (about two minutes after an AWS notice).
     deadline: datetime | None = None
+    # The provider's handle for acknowledging this notice (an SQS receipt handle), if it
+    # must be acknowledged; see `AcknowledgedInterruptions`.
+    receipt: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -222,3 +225,15 @@ class InterruptionSource(Protocol):
     def interruptions(self) -> list[InterruptionEvent]:
         """Notices received since the last call (each returned once)."""
         ...
+
+
+@runtime_checkable
+class AcknowledgedInterruptions(Protocol):
+    """An `InterruptionSource` that keeps each notice until told it was recorded.
+
+    `interruptions()` returns notices without consuming them; the reconciler calls
+    `acknowledge` only after the transaction that recorded them committed, so a notice
+    is never lost to a crash or a rollback (it is delivered again instead: drains are
+    idempotent)."""
+
+    def acknowledge(self, events: Sequence[InterruptionEvent]) -> None: ...

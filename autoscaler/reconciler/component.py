@@ -20,6 +20,7 @@ from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import ConfigError
 from autoscaler.provisioning import build_provider
 from autoscaler.reconciler.cycle import Reconciler, UserData
+from autoscaler.reconciler.executor import ThreadedExecutor
 from autoscaler.reconciler.leader import LeaderLock
 from autoscaler.reconciler.loop import JOB_ID, ReconcileLoop
 from providers.base import Provider
@@ -86,6 +87,9 @@ def reconciler_component(runtime: Runtime) -> None:
     if policy is None:
         raise ConfigError("the reconciler needs the policy service: start it with `autoscaler up`")
     providers = build_providers(config, runtime)
+    # Launches and terminations run on bounded per-pool thread pools: a cycle never waits
+    # on a cloud operation; each outcome wakes the loop, whose next cycle records it.
+    executor = ThreadedExecutor()
     reconciler = Reconciler(
         ctx.sessions,
         config,
@@ -93,6 +97,7 @@ def reconciler_component(runtime: Runtime) -> None:
         providers,
         policy,
         user_data=bootstrap_user_data(config, ctx.clock.now),
+        executor=executor,
     )
     engine: Engine = ctx.sessions.kw["bind"]
     lock = LeaderLock(engine)
@@ -109,9 +114,11 @@ def reconciler_component(runtime: Runtime) -> None:
         next_run_time=datetime.now(UTC),
     )
     loop.scheduler = runtime.scheduler
+    executor.on_result = lambda: loop.wake("a provider call finished")
     ctx.wake = loop.wake
     ctx.extras[EXTRAS_KEY] = loop
     runtime.on_stop.append(lock.release)
+    runtime.on_stop.append(executor.close)
     local = [p for p in providers.values() if isinstance(p, LocalProvider)]
     if local:
         # Ctrl-C on `up`: the agents it started stop too, while the API still answers.

@@ -5,7 +5,8 @@ finally blocks: what a power cut or the OOM killer does) when the environment sa
 `AUTOSCALER_CRASH_AT=after_intent`. `AUTOSCALER_CRASH_SKIP=n` passes the point n
 times first, so a test can vary where in a run it dies. Unset, a point costs one
 dictionary lookup. The points sit between the steps whose order makes a launch or
-a termination safe (intent committed -> provider called -> outcome recorded).
+a termination safe (intent committed -> call submitted -> provider called -> outcome
+queued -> outcome recorded).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import os
 import signal
 
 POINTS = (
+    "after_sync_commit",  # passive sync recorded, notices not acknowledged, re-terminations not sent
     "after_intent",  # launch intent committed, provider not called yet
-    "after_provider_call",  # provider launched, outcome not recorded
+    "before_launch_submit",  # intent moved to launching (user-data token made), call not submitted
+    "after_provider_call",  # provider launched (in an executor thread), outcome not queued
+    "before_apply_outcome",  # outcomes queued by the executor, not recorded yet
     "after_terminate_intent",  # instance marked terminating, provider not called yet
     "after_terminate_call",  # provider terminated, outcome not recorded
     "after_drain",  # worker drain committed

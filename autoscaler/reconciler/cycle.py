@@ -2,7 +2,8 @@
 
 `Reconciler.run_cycle()` is the whole loop body; the server calls it from APScheduler
 and the simulator calls it in a loop with a virtual clock. It reads time only from the
-injected clock, never sleeps, and talks to clouds only through `providers`.
+injected clock, never sleeps, and talks to clouds only through `providers` (the
+actions through its executor).
 
 Safety rules carried out here (the planner decides *what*, this module *how*):
 
@@ -11,9 +12,15 @@ Safety rules carried out here (the planner decides *what*, this module *how*):
   crash, an intent whose request id shows up in the provider's listing is adopted; one
   that does not is launched again with the *same* id, which the provider answers with
   the instance of the first call if there was one. So a launch is never doubled.
-- **Passive sync before active transitions.** Listings adopt, confirm termination,
-  notice preemption and loss, and find orphans (our owner tag, no record, older than the
-  grace period), all before the plan is made.
+- **Observe, then decide, then act.** Every provider read (listings, interruption
+  notices) is made with no transaction open; the passive sync (`sync.passive_sync`,
+  pure) turns rows + observation into transitions (adopt, confirm termination,
+  preemption, loss, orphans: our owner tag, no record, launched and first seen longer
+  than the grace period ago), applied in one short transaction before the plan is
+  made; notices are acknowledged to the provider only after it committed.
+- **Actions report back.** Launch and terminate calls go to an executor
+  (`executor.py`): threads under `autoscaler up`, so the cycle never waits on a cloud
+  operation; outcomes are applied by the next cycle (sync mode: at once).
 - **Static (on-prem) pools are capacity, never inventory.** Their workers (agents
   started on machines someone else owns, with the pool's join token) are planned on
   like any worker, but their listings never adopt, lose or orphan anything: the
@@ -30,7 +37,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -48,8 +55,10 @@ from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expel_impostors, expire_silent_workers
+from autoscaler.reconciler import sync
 from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
+from autoscaler.reconciler.executor import Executor, LaunchDone, Outcome, SyncExecutor, TerminateDone
 from autoscaler.reconciler.record import record_cycle
 from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
 from autoscaler.reconciler.states import InstanceState, transition
@@ -58,8 +67,9 @@ from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, Work
 from providers.base import (
     TAG_POOL,
     TAG_TEAM,
+    AcknowledgedInterruptions,
     CapacityType,
-    InstanceStatus,
+    InterruptionEvent,
     InterruptionSource,
     LaunchRequest,
     Offering,
@@ -128,6 +138,7 @@ class Reconciler:
         history_interval_s: float = 60.0,
         drain_deadline_s: float = 300.0,
         record_detail: bool = True,
+        executor: Executor | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
@@ -151,6 +162,11 @@ class Reconciler:
         self._last_history: datetime | None = None
         self._last_accrual: datetime | None = None
         self.last_result: CycleResult | None = None
+        # Where provider calls run: at once in this thread (the default: the simulator and
+        # most tests), or on bounded thread pools reporting back (`autoscaler up`).
+        self.executor: Executor = executor or SyncExecutor()
+        # Rows whose launch failed as this cycle learned (steers the rest of its launches).
+        self._failed_now: set[str] = set()
 
     # ------------------------------------------------------------------ the cycle
 
@@ -158,14 +174,22 @@ class Reconciler:
         t0 = self.perf()
         now = self.clock.now()
         timings: dict[str, float] = {}
+        result = CycleResult(at=now, plan=Plan())
+        self._failed_now.clear()
+        # Outcomes of provider calls that finished since the last cycle (threaded mode).
+        self._apply_outcomes(now, result)
+        # Observe: every provider read, with no transaction open.
         self._refresh_offerings(now)
-        listings = self._list_providers()
+        observation = self._observe_providers()
         with transaction(self.sessions) as s:
             expire_silent_workers(s, now=now, timeout_s=self.config.reconcile.heartbeat_timeout_s)
-        result = CycleResult(at=now, plan=Plan())
+        # Decide and record the passive transitions in one short transaction.
         with transaction(self.sessions) as s:
-            to_terminate = self._sync(s, listings, now, result)
-        self._terminate_provider_ids(to_terminate)
+            synced = self._sync(s, observation, now, result)
+        crash_point("after_sync_commit")
+        # Only now that they are recorded may the provider forget the notices.
+        self._acknowledge(observation)
+        self._terminate_provider_ids([(t.pool, t.provider_instance_id) for t in synced.terminate], now, result)
         timings["sync"] = (self.perf() - t0) * 1000
 
         t1 = self.perf()
@@ -243,111 +267,112 @@ class Reconciler:
             except ProviderError as exc:
                 log.warning("pool %s: cannot list offerings (%s); keeping the last known", name, exc.message)
 
-    def _list_providers(self) -> dict[str, list[ProviderInstance]]:
-        """Each pool's listing; a pool whose listing fails is left out (nothing is judged lost)."""
-        out: dict[str, list[ProviderInstance]] = {}
+    def _observe_providers(self) -> sync.Observation:
+        """Each pool's listing (a pool whose listing fails is left out: nothing of it is
+        judged lost), then every interruption notice; no transaction is open."""
+        listings: dict[str, list[ProviderInstance]] = {}
+        static: set[str] = set()
         for name, provider in self.providers.items():
             try:
                 listed = provider.list(self.config.deployment)
             except ProviderError as exc:
                 log.warning("pool %s: listing failed (%s); skipping its sync this cycle", name, exc.message)
                 continue
-            out[name] = [pi for pi in listed if (pi.pool or pi.tags.get(TAG_POOL, name)) == name]
-        return out
-
-    def _sync(
-        self, s: Session, listings: Mapping[str, list[ProviderInstance]], now: datetime, result: CycleResult
-    ) -> list[tuple[str, str]]:
-        """Passive transitions from listings and registrations. Returns (pool, provider id)
-        pairs to terminate: orphans and instances we are still waiting to see gone."""
-        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(("terminated", "launch_failed")))))
-        grace = timedelta(seconds=self.config.reconcile.orphan_grace_s)
-        to_terminate: list[tuple[str, str]] = []
-        by_pool: dict[str, list[Instance]] = {}
-        for inst in open_rows:
-            by_pool.setdefault(inst.pool, []).append(inst)
-        for pool_name, listed in listings.items():
-            if self.providers[pool_name].capabilities.static:
-                self._static_machines(s, pool_name, listed, result)
+            listings[name] = [pi for pi in listed if (pi.pool or pi.tags.get(TAG_POOL, name)) == name]
+            if provider.capabilities.static:
+                static.add(name)
+        notices: list[tuple[str, InterruptionEvent]] = []
+        for name, provider in self.providers.items():
+            if not provider.capabilities.interruption_events or not isinstance(provider, InterruptionSource):
                 continue
-            by_id = {pi.instance_id: pi for pi in listed}
-            by_request = {pi.request_id: pi for pi in listed if pi.request_id}
-            for inst in by_pool.get(pool_name, []):
-                pi = (
-                    by_id.get(inst.provider_instance_id)
-                    if inst.provider_instance_id
-                    else by_request.get(inst.request_id)
-                )
-                state = S(inst.state)
-                if state in (S.REQUESTED, S.LAUNCHING):
-                    if pi is not None:
-                        self._record_launched(
-                            s,
-                            inst,
-                            pi,
-                            now,
-                            reason="adopted: the provider lists an instance with this launch's request id",
-                        )
-                        result.adopted.append(inst.id)
-                    continue
-                if state == S.TERMINATING:
-                    if pi is None or pi.status == InstanceStatus.TERMINATED:
-                        transition(s, inst, S.TERMINATED, reason="the provider no longer lists it", now=now)
-                        if inst.terminated_at is None:
-                            inst.terminated_at = now
-                    elif inst.provider_instance_id:
-                        to_terminate.append((pool_name, inst.provider_instance_id))
-                    continue
-                if state not in (S.BOOTING, S.READY, S.DRAINING):
-                    continue
-                if pi is not None and pi.status == InstanceStatus.PREEMPTED:
-                    transition(s, inst, S.PREEMPTED, reason="the provider reclaimed the spot capacity", now=now)
-                    result.preempted.append(inst.id)
-                elif pi is None or pi.status == InstanceStatus.TERMINATED:
-                    first = self._missing_since.setdefault(inst.id, now)
-                    launched = inst.launched_at or inst.created_at
-                    if now - first >= grace and now - launched >= grace:
-                        transition(s, inst, S.LOST, reason="the provider no longer lists it", now=now)
-                        result.lost.append(inst.id)
-                        self._missing_since.pop(inst.id, None)
-                else:
-                    self._missing_since.pop(inst.id, None)
-            # Orphans: tagged with our owner, in this pool, and no open record.
-            known = {i.request_id for i in by_pool.get(pool_name, [])}
-            known_ids = {i.provider_instance_id for i in by_pool.get(pool_name, []) if i.provider_instance_id}
-            for pi in listed:
-                if pi.instance_id in known_ids or (pi.request_id and pi.request_id in known):
-                    self._orphan_seen.pop(pi.instance_id, None)
-                    continue
-                if pi.status in (InstanceStatus.TERMINATED, InstanceStatus.STOPPING):
-                    continue
-                seen = self._orphan_seen.setdefault(pi.instance_id, now)
-                born = pi.launched_at or seen
-                if now - born >= grace and now - seen >= timedelta(0):
-                    to_terminate.append((pool_name, pi.instance_id))
-                    result.orphans.append(pi.instance_id)
-                    self._orphan_seen.pop(pi.instance_id, None)
-                    log.warning(
-                        "pool %s: terminating orphan %s (owner tag %s, no record)",
-                        pool_name,
-                        pi.instance_id,
-                        self.config.deployment,
-                    )
-        self._sync_workers(s, open_rows, now)
-        self._interruptions(s, open_rows, now)
-        return to_terminate
+            try:
+                notices.extend((name, ev) for ev in provider.interruptions())
+            except ProviderError as exc:
+                log.warning("pool %s: cannot read interruption notices (%s)", name, exc.message)
+        return sync.Observation(listings=listings, static_pools=frozenset(static), interruptions=tuple(notices))
 
-    def _static_machines(self, s: Session, pool_name: str, listed: list[ProviderInstance], result: CycleResult) -> None:
-        """Declared on-prem machines are not ours to adopt, lose or orphan (no instance rows,
-        so the planner can never terminate one); only say which have no agent running."""
-        live = set(
-            s.scalars(
-                select(Worker.instance_id).where(
-                    Worker.pool == pool_name, Worker.state.in_(("idle", "busy", "draining"))
+    def _acknowledge(self, observation: sync.Observation) -> None:
+        """Tell the providers the notices are recorded (AWS deletes them from SQS); a
+        notice never acknowledged (a crash, a rolled-back sync) is delivered again."""
+        by_pool: dict[str, list[InterruptionEvent]] = defaultdict(list)
+        for pool, ev in observation.interruptions:
+            by_pool[pool].append(ev)
+        for pool, events in by_pool.items():
+            provider = self.providers.get(pool)
+            if isinstance(provider, AcknowledgedInterruptions):
+                try:
+                    provider.acknowledge(events)
+                except ProviderError as exc:
+                    log.warning("pool %s: cannot acknowledge notices (%s); they come back", pool, exc.message)
+
+    def _sync(self, s: Session, observation: sync.Observation, now: datetime, result: CycleResult) -> sync.SyncResult:
+        """Passive transitions: read the open rows and live workers, decide
+        (`sync.passive_sync`, pure), apply. Returns what to terminate (orphans, and
+        instances we are still waiting to see gone)."""
+        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(("terminated", "launch_failed")))))
+        workers = {
+            (str(pool), str(iid)): str(wid)
+            for pool, iid, wid in s.execute(
+                select(Worker.pool, Worker.instance_id, Worker.id).where(
+                    Worker.state.in_(("idle", "busy", "draining")), Worker.instance_id.is_not(None)
                 )
             )
-        )
-        silent = frozenset(pi.instance_id for pi in listed if pi.instance_id not in live)
+        }
+        rows = [
+            sync.Row(
+                id=i.id,
+                pool=i.pool,
+                request_id=i.request_id,
+                state=S(i.state),
+                provider_instance_id=i.provider_instance_id,
+                worker_id=i.worker_id,
+                launched_at=i.launched_at,
+                created_at=i.created_at,
+            )
+            for i in open_rows
+        ]
+        obs = replace(observation, workers=workers)
+        settings = sync.Settings(orphan_grace=timedelta(seconds=self.config.reconcile.orphan_grace_s))
+        out = sync.passive_sync(rows, obs, now, settings, sync.Memory(self._missing_since, self._orphan_seen))
+        self._missing_since, self._orphan_seen = dict(out.memory.missing_since), dict(out.memory.orphan_seen)
+        by_id = {i.id: i for i in open_rows}
+        for change in out.changes:
+            inst = by_id[change.row_id]
+            if isinstance(change, sync.Adopt):
+                self._record_launched(s, inst, change.instance, now, reason=change.reason, find_worker=False)
+            elif isinstance(change, sync.Move):
+                transition(s, inst, change.to, reason=change.reason, now=now)
+            elif isinstance(change, sync.RecordProviderId):
+                inst.provider_instance_id = change.provider_instance_id
+                log.warning(
+                    "instance %s: terminating with no provider id, but the provider lists %s for its "
+                    "request id; terminating that",
+                    inst.id,
+                    change.provider_instance_id,
+                )
+            elif isinstance(change, sync.BindWorker):
+                inst.worker_id = change.worker_id
+            elif isinstance(change, sync.Drain):
+                try:
+                    drain_worker(
+                        s, change.worker_id, now=now, deadline_s=change.deadline_s, reason="spot interruption notice"
+                    )
+                except Conflict:
+                    continue
+                transition(s, inst, S.DRAINING, reason=f"{change.kind} notice from the provider", now=now)
+        result.adopted.extend(out.adopted)
+        result.preempted.extend(out.preempted)
+        result.lost.extend(out.lost)
+        result.orphans.extend(out.orphans)
+        for pid in out.orphans:
+            log.warning("terminating orphan %s (owner tag %s, no record)", pid, self.config.deployment)
+        for pool_name, silent in out.static_without_agent.items():
+            self._static_machines(pool_name, silent, result)
+        return out
+
+    def _static_machines(self, pool_name: str, silent: frozenset[str], result: CycleResult) -> None:
+        """Declared on-prem machines are not ours to adopt, lose or orphan (no instance rows,
+        so the planner can never terminate one); only say which have no agent running."""
         result.static_without_agent.extend(sorted(silent))
         if silent != self._static_silent.get(pool_name, frozenset()):
             if silent:
@@ -361,59 +386,57 @@ class Reconciler:
                 log.info("pool %s: every declared machine has an agent", pool_name)
             self._static_silent[pool_name] = silent
 
-    def _sync_workers(self, s: Session, rows: list[Instance], now: datetime) -> None:
-        """Booting instances whose agent registered become ready."""
-        waiting = {
-            (i.pool, i.provider_instance_id): i
-            for i in rows
-            if i.state in ("requested", "launching", "booting") and i.provider_instance_id
-        }
-        with_worker = [i for i in rows if i.state in ("launching", "booting") and i.worker_id]
-        if waiting:
-            for w in s.scalars(
-                select(Worker).where(
-                    Worker.state.in_(("idle", "busy", "draining")),
-                    Worker.instance_id.in_([k[1] for k in waiting]),
-                )
-            ):
-                inst = waiting.get((w.pool, w.instance_id))
-                if inst is not None and inst.worker_id is None:
-                    inst.worker_id = w.id
-                    with_worker.append(inst)
-        for inst in with_worker:
-            if inst.state == S.BOOTING:
-                transition(s, inst, S.READY, reason=f"agent registered as worker {inst.worker_id}", now=now)
-
-    def _interruptions(self, s: Session, rows: list[Instance], now: datetime) -> None:
-        """Provider notices (spot reclaim in ~2 min): drain at once, whatever the worker does."""
-        by_pid = {(i.pool, i.provider_instance_id): i for i in rows if i.provider_instance_id}
-        for pool_name, provider in self.providers.items():
-            if not provider.capabilities.interruption_events or not isinstance(provider, InterruptionSource):
-                continue
-            try:
-                events = provider.interruptions()
-            except ProviderError:
-                continue
-            for ev in events:
-                inst = by_pid.get((pool_name, ev.instance_id))
-                if inst is None or inst.worker_id is None or inst.state not in ("ready", "draining"):
-                    continue
-                deadline = max(((ev.deadline or now) - now).total_seconds(), 0.0)
-                try:
-                    drain_worker(s, inst.worker_id, now=now, deadline_s=deadline, reason="spot interruption notice")
-                except Conflict:
-                    continue
-                transition(s, inst, S.DRAINING, reason=f"{ev.kind} notice from the provider", now=now)
-
-    def _terminate_provider_ids(self, pairs: list[tuple[str, str]]) -> None:
+    def _terminate_provider_ids(self, pairs: list[tuple[str, str]], now: datetime, result: CycleResult) -> None:
+        """Re-terminations and orphans, one call per pool, through the executor (a call
+        already in flight is not repeated); the listing confirms them later."""
         by_pool: dict[str, list[str]] = {}
+        busy = self.executor.terminating()
         for pool_name, pid in pairs:
-            by_pool.setdefault(pool_name, []).append(pid)
+            if (pool_name, pid) not in busy:
+                by_pool.setdefault(pool_name, []).append(pid)
         for pool_name, ids in by_pool.items():
-            try:
-                self.providers[pool_name].terminate(ids)
-            except ProviderError as exc:
-                log.warning("pool %s: terminate %s failed (%s); will retry", pool_name, ids, exc.message)
+            self.executor.submit_terminate(self.providers[pool_name], pool_name, ids)
+        self._apply_outcomes(now, result)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _apply_outcomes(self, now: datetime, result: CycleResult) -> list[Outcome]:
+        """Record what the executor's finished calls did (in sync mode: the call just made):
+        the successes in one transaction, then each failure (blocks, backoff)."""
+        done = self.executor.outcomes()
+        if not done:
+            return done
+        crash_point("before_apply_outcome")
+        failed = [o for o in done if isinstance(o, LaunchDone) and o.error is not None]
+        ok = [o for o in done if not (isinstance(o, LaunchDone) and o.error is not None)]
+        after: list[Callable[[], None]] = []
+        if any(isinstance(o, LaunchDone) or o.row_ids or o.error is not None for o in ok):
+            with transaction(self.sessions) as s:
+                for o in ok:
+                    if isinstance(o, LaunchDone):
+                        self._apply_launch(s, o, now, result, after)
+                    else:
+                        self._apply_terminate(s, o, now, result, after)
+        for fn in after:
+            fn()
+        for o in failed:
+            assert isinstance(o, LaunchDone) and o.error is not None
+            self._apply_launch_error(o, o.error, now, result)
+        return done
+
+    def _apply_terminate(
+        self, s: Session, done: TerminateDone, now: datetime, result: CycleResult, after: list[Callable[[], None]]
+    ) -> None:
+        if done.error is not None:
+            msg = done.error.message if isinstance(done.error, ProviderError) else repr(done.error)
+            log.warning("pool %s: terminate %s failed (%s); will retry", done.pool, list(done.provider_ids), msg)
+            return
+        for row_id in done.row_ids:
+            inst = s.get(Instance, row_id)
+            if inst is not None and inst.state == S.TERMINATING:
+                transition(s, inst, S.TERMINATED, reason="terminated", now=now)
+                inst.terminated_at = now
+        after.append(lambda: result.terminated.extend(done.row_ids))
 
     # ------------------------------------------------------------------ act
 
@@ -441,6 +464,9 @@ class Reconciler:
             crash_point("after_drain")
             result.drained.append(d.worker_id)
         self._resume_intents(now, result)
+        if not self.executor.inline:
+            self._launch_batch(list(the_plan.launches), now, result)
+            return
         failed_offerings: set[tuple[str, str]] = set()
         for launch in the_plan.launches:
             st = self._state[launch.pool]
@@ -453,6 +479,8 @@ class Reconciler:
             ok = self._call_launch(inst_id, now, result)
             if not ok:
                 failed_offerings.add((launch.pool, launch.offering.key))
+        # Whatever already finished (threaded mode); the rest is applied by a later cycle.
+        self._apply_outcomes(now, result)
 
     def _terminate(self, inst_id: str, reason: str, mark: str | None, now: datetime, result: CycleResult) -> None:
         with transaction(self.sessions) as s:
@@ -466,12 +494,13 @@ class Reconciler:
         crash_point("after_terminate_intent")
         provider = self.providers.get(pool)
         if pid is not None and provider is not None:
-            try:
-                provider.terminate([pid])
-            except ProviderError as exc:
-                log.warning("terminate %s failed (%s); the next cycle retries", pid, exc.message)
-                return
-            crash_point("after_terminate_call")
+            # Marked `terminated` when the outcome is applied; a failed call leaves the
+            # row `terminating`, which the next sync terminates again.
+            self.executor.submit_terminate(provider, pool, [pid], [inst_id])
+            self._apply_outcomes(now, result)
+            return
+        # No instance recorded: nothing to call. A launch still in flight is terminated
+        # when its outcome arrives; one a crash left behind is an orphan for the listing.
         with transaction(self.sessions) as s:
             inst = s.get(Instance, inst_id)
             if inst is not None and inst.state == S.TERMINATING:
@@ -481,104 +510,181 @@ class Reconciler:
 
     def _write_intent(self, launch: Launch, now: datetime) -> str:
         """Commit the launch intent; the provider is called only after this returns."""
+        with transaction(self.sessions) as s:
+            return self._add_intent(s, launch, now)
+
+    def _add_intent(self, s: Session, launch: Launch, now: datetime) -> str:
         pool = self.pools[launch.pool]
         o = launch.offering
+        inst = Instance(
+            request_id=new_id(),
+            provider=pool.provider,
+            pool=pool.name,
+            instance_type=o.instance_type,
+            capacity_type=o.capacity_type,
+            zone=o.zone,
+            region=pool.region,
+            gpus=o.gpus,
+            gpu_type=o.gpu_type,
+            state=S.REQUESTED.value,
+            team=launch.team,
+            hourly_price=o.hourly_price,
+            created_at=now,
+            updated_at=now,
+        )
+        inst.id = new_id()  # what the column default would draw at the flush (same order of ids)
+        s.add(inst)
+        s.add(
+            InstanceEvent(
+                instance_id=inst.id,
+                at=now,
+                from_state=None,
+                to_state=S.REQUESTED.value,
+                reason=launch.reason[:255],
+            )
+        )
+        return inst.id
+
+    def _launch_batch(self, launches: list[Launch], now: datetime, result: CycleResult) -> None:
+        """Threaded mode: every intent of the cycle in one transaction, all moved to
+        `launching` (with their user-data) in a second, then every call submitted; the
+        outcomes come back later. The intents are committed before any call, as always."""
+        chosen = [
+            launch for launch in launches if not ((b := self._state[launch.pool].backoff_until) is not None and b > now)
+        ]
+        if not chosen:
+            return
         with transaction(self.sessions) as s:
-            inst = Instance(
-                request_id=new_id(),
-                provider=pool.provider,
-                pool=pool.name,
-                instance_type=o.instance_type,
-                capacity_type=o.capacity_type,
-                zone=o.zone,
-                region=pool.region,
-                gpus=o.gpus,
-                gpu_type=o.gpu_type,
-                state=S.REQUESTED.value,
-                team=launch.team,
-                hourly_price=o.hourly_price,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(inst)
-            s.flush()
-            s.add(
-                InstanceEvent(
-                    instance_id=inst.id,
-                    at=now,
-                    from_state=None,
-                    to_state=S.REQUESTED.value,
-                    reason=launch.reason[:255],
-                )
-            )
-            return inst.id
+            ids = [self._add_intent(s, launch, now) for launch in chosen]
+        crash_point("after_intent")
+        self._submit_launches(ids, now, result)
 
     def _resume_intents(self, now: datetime, result: CycleResult) -> None:
-        """Intents left by a crash or a transient error: call again with the same request id."""
+        """Intents left by a crash or a transient error: call again with the same request id
+        (not those whose call is still in flight)."""
         with self.sessions() as s:
             stmt = select(Instance.id, Instance.pool).where(
                 Instance.state.in_((S.REQUESTED.value, S.LAUNCHING.value)),
                 Instance.provider_instance_id.is_(None),
             )
             ids = [(str(a), str(b)) for a, b in s.execute(stmt)]
+        in_flight = self.executor.launching()
+        todo: list[str] = []
         for inst_id, pool in ids:
+            if inst_id in in_flight:
+                continue
             st = self._state.get(pool)
             if st is not None and st.backoff_until is not None and st.backoff_until > now:
                 continue
-            self._call_launch(inst_id, now, result)
+            todo.append(inst_id)
+        if self.executor.inline:
+            for inst_id in todo:
+                self._call_launch(inst_id, now, result)
+        elif todo:
+            self._submit_launches(todo, now, result)
 
     def _call_launch(self, inst_id: str, now: datetime, result: CycleResult) -> bool:
-        with transaction(self.sessions) as s:
-            inst = s.get(Instance, inst_id)
-            if inst is None or inst.provider_instance_id is not None:
-                return True
-            pool = self.pools.get(inst.pool)
-            provider = self.providers.get(inst.pool)
-            if pool is None or provider is None:
-                transition(s, inst, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
-                return False
-            if inst.state == S.REQUESTED:
-                transition(
-                    s,
-                    inst,
-                    S.LAUNCHING,
-                    reason=f"calling {provider.name} with request id {inst.request_id}",
-                    now=now,
-                )
-            offering = self._offering_of(inst)
-            user_data = self.user_data(s, pool, inst.request_id) if self.user_data else ""
-            request = LaunchRequest(
-                request_id=inst.request_id,
-                pool=pool.name,
-                owner=self.config.deployment,
-                offering=offering,
-                image=pool.image,
-                user_data=user_data,
-                tags={TAG_TEAM: inst.team or "shared"},
-            )
-        st = self._state[request.pool]
-        try:
-            launched = provider.launch(request)
-            crash_point("after_provider_call")
-        except ProviderError as exc:
-            self._launch_failed(inst_id, request, exc, now, result)
-            return False
-        except Exception as exc:  # a driver bug: keep the intent, retry with the same id
-            log.exception("pool %s: launch raised unexpectedly", request.pool)
-            result.launch_errors.append(f"{request.pool} {offering.key}: {type(exc).__name__}: {exc}")
-            return False
-        with transaction(self.sessions) as s:
-            inst = s.get(Instance, inst_id)
-            assert inst is not None
-            if not launched:
-                transition(s, inst, S.LAUNCH_FAILED, reason="the provider started no instance", now=now)
-                return False
-            self._record_launched(s, inst, launched[0], now, reason=f"launched as {launched[0].instance_id}")
-        st.failures, st.backoff_until = 0, None
-        result.launched.append(inst_id)
-        return True
+        """Sync mode: one launch, its outcome applied at once. False when it failed."""
+        self._failed_now.discard(inst_id)
+        self._submit_launches([inst_id], now, result)
+        return inst_id not in self._failed_now
 
-    def _record_launched(self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str) -> None:
+    def _submit_launches(self, ids: list[str], now: datetime, result: CycleResult) -> None:
+        """Move the intents to `launching` (one transaction) and submit their calls; the
+        outcomes are applied by `_apply_launch`, now (sync mode) or in a later cycle."""
+        calls: list[tuple[str, Provider, LaunchRequest]] = []
+        with transaction(self.sessions) as s, s.no_autoflush:
+            rows = {i.id: i for i in s.scalars(select(Instance).where(Instance.id.in_(ids)))} if len(ids) > 1 else {}
+            for inst_id in ids:
+                inst = rows.get(inst_id) if rows else s.get(Instance, inst_id)
+                if inst is None or inst.provider_instance_id is not None:
+                    continue
+                pool = self.pools.get(inst.pool)
+                provider = self.providers.get(inst.pool)
+                if pool is None or provider is None:
+                    transition(s, inst, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
+                    self._failed_now.add(inst_id)
+                    continue
+                if inst.state == S.REQUESTED:
+                    transition(
+                        s,
+                        inst,
+                        S.LAUNCHING,
+                        reason=f"calling {provider.name} with request id {inst.request_id}",
+                        now=now,
+                    )
+                offering = self._offering_of(inst)
+                user_data = self.user_data(s, pool, inst.request_id) if self.user_data else ""
+                request = LaunchRequest(
+                    request_id=inst.request_id,
+                    pool=pool.name,
+                    owner=self.config.deployment,
+                    offering=offering,
+                    image=pool.image,
+                    user_data=user_data,
+                    tags={TAG_TEAM: inst.team or "shared"},
+                )
+                calls.append((inst_id, provider, request))
+        for inst_id, provider, request in calls:
+            crash_point("before_launch_submit")
+            self.executor.submit_launch(provider, inst_id, request)
+        self._apply_outcomes(now, result)
+
+    def _apply_launch_error(self, done: LaunchDone, error: Exception, now: datetime, result: CycleResult) -> None:
+        inst_id, request = done.row_id, done.request
+        self._failed_now.add(inst_id)
+        if isinstance(error, ProviderError):
+            self._launch_failed(inst_id, request, error, now, result)
+            return
+        # A driver bug: keep the intent, retry with the same id.
+        log.error("pool %s: launch raised unexpectedly: %r", request.pool, error)
+        result.launch_errors.append(f"{request.pool} {request.offering.key}: {type(error).__name__}: {error}")
+
+    def _apply_launch(
+        self, s: Session, done: LaunchDone, now: datetime, result: CycleResult, after: list[Callable[[], None]]
+    ) -> None:
+        inst_id, request = done.row_id, done.request
+        inst = s.get(Instance, inst_id)
+        if not done.instances:
+            if inst is not None and inst.state in (S.REQUESTED, S.LAUNCHING):
+                transition(s, inst, S.LAUNCH_FAILED, reason="the provider started no instance", now=now)
+            self._failed_now.add(inst_id)
+            return
+        first = done.instances[0]
+        stray: str | None = None
+        if inst is None:
+            stray = first.instance_id
+        elif inst.state in (S.REQUESTED, S.LAUNCHING):
+            self._record_launched(s, inst, first, now, reason=f"launched as {first.instance_id}")
+        elif inst.state not in (S.BOOTING, S.READY, S.DRAINING):  # (those: adopted by a listing meanwhile)
+            # Given up while the call was in flight: the instance it started must not
+            # outlive the row. Recorded, so a failed terminate is retried by the sync.
+            if inst.provider_instance_id is None:
+                inst.provider_instance_id = first.instance_id
+            if inst.state in (S.TERMINATING, S.TERMINATED, S.LAUNCH_FAILED):
+                stray = first.instance_id
+        if stray is not None:
+            log.warning(
+                "pool %s: launch %s finished after its row was given up; terminating %s",
+                request.pool,
+                request.request_id,
+                stray,
+            )
+            provider = self.providers.get(request.pool)
+            if provider is not None:
+                after.append(lambda: self.executor.submit_terminate(provider, request.pool, [stray]))
+            return
+
+        def done_ok() -> None:
+            st = self._state.setdefault(request.pool, _PoolRuntime())
+            st.failures, st.backoff_until = 0, None
+            result.launched.append(inst_id)
+
+        after.append(done_ok)
+
+    def _record_launched(
+        self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str, *, find_worker: bool = True
+    ) -> None:
         inst.provider_instance_id = pi.instance_id
         inst.launched_at = inst.launched_at or pi.launched_at or now
         inst.zone = pi.zone or inst.zone
@@ -590,6 +696,8 @@ class Reconciler:
                 wid,
                 inst.request_id,
             )
+        if not find_worker:
+            return  # the passive sync binds registered agents itself
         worker = s.scalar(
             select(Worker).where(
                 Worker.instance_id == pi.instance_id,
@@ -629,8 +737,9 @@ class Reconciler:
                         until=block.until,
                     )
                 )
-            if exc.retryable:
-                # Throttled or transient: the intent stays and is retried with the same id.
+            if exc.retryable or inst.state not in (S.REQUESTED, S.LAUNCHING):
+                # Throttled or transient: the intent stays and is retried with the same id
+                # (or the row was given up while the call was in flight).
                 return
             transition(s, inst, S.LAUNCH_FAILED, reason=what, now=now)
 

@@ -141,8 +141,7 @@ class AwsProvider:
         image = request.image or self.settings.image
         if not image:
             raise InvalidRequest(
-                f"pool {request.pool!r} has no AMI: set `image` on the pool "
-                "(build one with agent_image/packer)"
+                f"pool {request.pool!r} has no AMI: set `image` on the pool (build one with agent_image/packer)"
             )
         existing = self._by_request(request)
         if existing:
@@ -181,24 +180,38 @@ class AwsProvider:
             )
         events: builtins.list[InterruptionEvent] = []
         for _ in range(10):  # bounded: a flood must not stall a reconcile cycle
-            resp = self._call(
-                self._sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-            )
+            resp = self._call(self._sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
             messages = resp.get("Messages", [])
             if not messages:
                 break
+            junk = []
             for m in messages:
                 event = parse_interruption(m.get("Body", ""))
-                if event is not None:
-                    events.append(event)
-            # Deleted once parsed; an unparseable message is dropped too, or it would
-            # come back forever.
+                if event is None:
+                    junk.append(m["ReceiptHandle"])
+                else:
+                    events.append(replace(event, receipt=m["ReceiptHandle"]))
+            # An unparseable message is deleted at once, or it would come back forever; a
+            # notice only once `acknowledge` says it was recorded (until then SQS keeps it
+            # invisible for the queue's visibility timeout, then delivers it again).
+            self._delete_messages(junk)
+        return events
+
+    def acknowledge(self, events: Sequence[InterruptionEvent]) -> None:
+        """Delete the notices' messages from SQS: the reconciler recorded them."""
+        self._delete_messages([e.receipt for e in events if e.receipt])
+
+    def _delete_messages(self, receipts: Sequence[str]) -> None:
+        url = self.settings.interruption_queue_url
+        if not receipts or not url or self._sqs is None:
+            return
+        for start in range(0, len(receipts), 10):
+            batch = receipts[start : start + 10]
             self._call(
                 self._sqs.delete_message_batch,
                 QueueUrl=url,
-                Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)],
+                Entries=[{"Id": str(n), "ReceiptHandle": r} for n, r in enumerate(batch)],
             )
-        return events
 
     # ---- launching -----------------------------------------------------------------
 
@@ -218,8 +231,7 @@ class AwsProvider:
             chosen = [(z, s) for s, z in subnets.items() if not zones or z in zones]
             if not chosen:
                 raise InvalidRequest(
-                    f"no configured subnet in zone(s) {', '.join(zones)}: "
-                    "add one to the pool's `subnets` option"
+                    f"no configured subnet in zone(s) {', '.join(zones)}: add one to the pool's `subnets` option"
                 )
             return [{"SubnetId": s, "AvailabilityZone": z} for z, s in chosen]
         return [{"AvailabilityZone": z} for z in zones] or [{}]
@@ -339,9 +351,7 @@ class AwsProvider:
                         instance_id=iid,
                         request_id=request.request_id,
                         pool=request.pool,
-                        instance_type=item.get("InstanceType")
-                        or override.get("InstanceType")
-                        or o.instance_type,
+                        instance_type=item.get("InstanceType") or override.get("InstanceType") or o.instance_type,
                         capacity_type=capacity,
                         zone=zone,
                         status=InstanceStatus.PENDING,
@@ -350,9 +360,7 @@ class AwsProvider:
                     )
                 )
         if not out:
-            errors = resp.get("Errors") or [
-                {"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "no instances"}
-            ]
+            errors = resp.get("Errors") or [{"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "no instances"}]
             first = errors[0]
             raise map_error(first.get("ErrorCode", "UnfulfillableCapacity"), first.get("ErrorMessage", ""))
         return out
@@ -429,9 +437,7 @@ class AwsProvider:
             if not token:
                 return out
 
-    def _view(
-        self, inst: Mapping[str, Any], *, fallback_capacity: CapacityType | None = None
-    ) -> ProviderInstance:
+    def _view(self, inst: Mapping[str, Any], *, fallback_capacity: CapacityType | None = None) -> ProviderInstance:
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
         state = inst.get("State", {}).get("Name", "pending")
         if state == "terminated":
@@ -474,9 +480,7 @@ class AwsProvider:
                 MaxResults=1000,
             )
             # Newest first per (type, zone): the history is sorted by time, descending.
-            history = sorted(
-                resp.get("SpotPriceHistory", []), key=lambda h: h.get("Timestamp", 0), reverse=True
-            )
+            history = sorted(resp.get("SpotPriceHistory", []), key=lambda h: h.get("Timestamp", 0), reverse=True)
             for h in history:
                 key = (h["InstanceType"], h["AvailabilityZone"])
                 if key not in prices:

@@ -3,7 +3,7 @@
 It honours the whole contract of `providers.base` (idempotent launch by request id,
 terminate of a gone instance succeeds, typed errors) and adds the knobs a test or a
 simulation needs, all deterministic and driven by an injected clock, never by threads
-or sleeps:
+or sleeps (except `op_delay_s`, off by default):
 
 - every call is recorded in `calls` (method, argument, time);
 - `fail_next(error)` / `fail_when(match, error)` inject errors for chosen calls;
@@ -13,13 +13,19 @@ or sleeps:
 - `boot_delay_s`: an instance is `PENDING` until that long after its launch;
 - `list_lag_s`: listings lag launches and terminations (eventual consistency);
 - `preempt(instance_id)` / `schedule_preemption(instance_id, at)`: spot reclaims, each
-  announced once through `interruptions()` and listed as `PREEMPTED` until terminated.
+  announced once through `interruptions()` and listed as `PREEMPTED` until terminated;
+- `op_delay_s`: each `launch` and `terminate` takes that long in real time (a cloud's
+  seconds per operation; `sleep` is injectable), so tests and benchmarks can show what
+  the reconciler does while calls are in flight. Calls may come from several threads
+  at once: the provider's state is guarded by a lock, and the delays overlap.
 """
 
 from __future__ import annotations
 
 import builtins
 import itertools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -101,6 +107,8 @@ class FakeProvider:
         capabilities: Capabilities | None = None,
         record_calls: bool = True,
         id_prefix: str = "fake-",
+        op_delay_s: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = name
         self.capabilities = capabilities or Capabilities(spot=True, fleets=True, interruption_events=True)
@@ -109,6 +117,9 @@ class FakeProvider:
         self.boot_delay_s = boot_delay_s
         self.list_lag_s = list_lag_s
         self.record_calls = record_calls
+        self.op_delay_s = op_delay_s
+        self._sleep = sleep
+        self._lock = threading.RLock()
         self.calls: list[Call] = []
         self.instances: dict[str, FakeInstance] = {}
         self._by_request: dict[str, list[str]] = {}
@@ -169,8 +180,9 @@ class FakeProvider:
 
     def live(self) -> list[FakeInstance]:
         """Instances not yet terminated, as the provider knows them (no listing lag)."""
-        self._apply_schedule()
-        return [i for i in self.instances.values() if i.terminated_at is None]
+        with self._lock:
+            self._apply_schedule()
+            return [i for i in self.instances.values() if i.terminated_at is None]
 
     # ---- the Provider protocol -----------------------------------------------------
 
@@ -179,6 +191,12 @@ class FakeProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        if self.op_delay_s:
+            self._sleep(self.op_delay_s)
+        with self._lock:
+            return self._launch(request)
+
+    def _launch(self, request: LaunchRequest) -> list[ProviderInstance]:
         self._enter("launch", request)
         if request.count < 1:
             raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
@@ -193,8 +211,7 @@ class FakeProvider:
             allowed = min(allowed, max(0, limit - in_use))
             if allowed == 0:
                 raise CapacityError(
-                    f"no {offering.capacity_type} capacity for {offering.instance_type}"
-                    f" in {offering.zone or '-'}",
+                    f"no {offering.capacity_type} capacity for {offering.instance_type} in {offering.zone or '-'}",
                     scope=Scope.OFFERING,
                     code="InsufficientInstanceCapacity",
                 )
@@ -215,6 +232,10 @@ class FakeProvider:
         return [self._view(self.instances[i]) for i in created]
 
     def list(self, owner: str) -> list[ProviderInstance]:
+        with self._lock:
+            return self._list(owner)
+
+    def _list(self, owner: str) -> builtins.list[ProviderInstance]:
         self._enter("list", owner)
         self._apply_schedule()
         now = self._now()
@@ -230,6 +251,12 @@ class FakeProvider:
         return out
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
+        if self.op_delay_s:
+            self._sleep(self.op_delay_s)
+        with self._lock:
+            self._terminate(instance_ids)
+
+    def _terminate(self, instance_ids: Sequence[str]) -> None:
         self._enter("terminate", tuple(instance_ids))
         now = self._now()
         for iid in instance_ids:
@@ -242,9 +269,10 @@ class FakeProvider:
             inst.preempted_at = None
 
     def interruptions(self) -> builtins.list[InterruptionEvent]:
-        self._apply_schedule()
-        events, self._pending_events = self._pending_events, []
-        return events
+        with self._lock:
+            self._apply_schedule()
+            events, self._pending_events = self._pending_events, []
+            return events
 
     # ---- internals -----------------------------------------------------------------
 
@@ -268,9 +296,7 @@ class FakeProvider:
             notice_at = inst.preempt_at - timedelta(seconds=inst.notice_s)
             if now >= notice_at and not inst.notice_sent:
                 inst.notice_sent = True
-                self._pending_events.append(
-                    InterruptionEvent(iid, "interruption", notice_at, deadline=inst.preempt_at)
-                )
+                self._pending_events.append(InterruptionEvent(iid, "interruption", notice_at, deadline=inst.preempt_at))
             if now >= inst.preempt_at:
                 inst.preempted_at = inst.terminated_at = inst.preempt_at
                 inst.preempt_at = None

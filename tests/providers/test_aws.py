@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import boto3
@@ -393,4 +394,30 @@ def test_interruption_and_rebalance_events_from_sqs(moto_ec2: MotoEC2) -> None:
     assert sorted((e.instance_id, e.kind) for e in events) == [("i-1", "interruption"), ("i-2", "rebalance")]
     spot = next(e for e in events if e.kind == "interruption")
     assert spot.deadline is not None and (spot.deadline - spot.at).total_seconds() == 120
-    assert aws.interruptions() == [], "each message is consumed once"
+    assert aws.interruptions() == [], "received notices stay invisible until acknowledged"
+    assert all(e.receipt for e in events)
+    aws.acknowledge(events)
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    # The notices are deleted once acknowledged; the two unparseable messages at once.
+    assert attrs["ApproximateNumberOfMessages"] == "0" and attrs["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+
+def test_an_unacknowledged_notice_is_delivered_again(moto_ec2: MotoEC2) -> None:
+    """A notice read by a cycle whose transaction never committed (crash, rollback) is
+    not lost: SQS delivers it again after the visibility timeout."""
+    sqs = moto_ec2.client("sqs")
+    url = sqs.create_queue(QueueName=f"redeliver-{OWNER}", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    aws = make(moto_ec2, interruption_queue_url=url)
+    body = {
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "time": "2026-03-10T12:00:00Z",
+        "detail": {"instance-id": "i-9", "instance-action": "terminate"},
+    }
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps(body))
+    (first,) = aws.interruptions()
+    time.sleep(1.5)
+    (again,) = aws.interruptions()
+    assert again.instance_id == first.instance_id == "i-9"
+    aws.acknowledge([again])
+    time.sleep(1.5)
+    assert aws.interruptions() == []

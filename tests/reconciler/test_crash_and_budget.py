@@ -8,15 +8,18 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig
+from autoscaler.queueing import tasks as task_ops
+from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.db import make_engine, session_factory, transaction
-from autoscaler.state.models import Instance, SpendRecord
+from autoscaler.state.models import Instance, SpendRecord, Task
 from providers.base import Capabilities, LaunchRequest, Offering, ProviderInstance
 from providers.fake import FakeProvider
-from tests.reconciler.harness import make_rig, policy_service
+from tests.reconciler.harness import Rig, make_rig, policy_service
 
 
 class Crash(BaseException):
@@ -130,3 +133,29 @@ def test_team_over_hard_budget_is_drained_and_frozen(
         assert isinstance(rig.instance(inst.id), Instance)
     finally:
         policy.close()
+
+
+def test_crash_after_terminate_intent_of_an_unrecorded_launch_leaks_no_vm(rig: Rig) -> None:
+    """The VM launched, the process died before recording it, and a later process died
+    right after marking the row `terminating` (no provider id): the next sync finds the
+    VM by request id, records it and terminates it (it used to live forever)."""
+    fake = rig.fakes["gpu-pool"]
+    task = rig.enqueue()
+    crashing = rig.reconciler({"gpu-pool": CrashingProvider(fake, after_call=True), "cpu-pool": rig.fakes["cpu-pool"]})
+    with pytest.raises(Crash):
+        crashing.run_cycle()
+    (vm,) = fake.live()
+    with transaction(rig.sessions) as s:
+        (intent,) = s.scalars(select(Instance)).all()
+        transition(s, intent, InstanceState.TERMINATING, reason="given up (test)", now=rig.clock.now())
+        row = s.get(Task, task)
+        assert row is not None
+        task_ops.cancel(s, row, now=rig.clock.now())
+    r = rig.reconciler()
+    first = r.run_cycle()
+    assert fake.live() == [] and fake.instances[vm.instance_id].terminated_at is not None
+    assert first.orphans == []
+    row = rig.instance(intent.id)
+    assert (row.state, row.provider_instance_id) == ("terminating", vm.instance_id)
+    r.run_cycle()
+    assert rig.instance(intent.id).state == "terminated"

@@ -142,9 +142,19 @@ def _no_secret_but_join_tokens(moto: MotoEC2, db_url: str) -> None:
         assert prefix not in dump, f"a {prefix} token in a decision record"
 
 
-LAUNCH_AND_TERMINATE = ["after_intent", "after_provider_call", "after_terminate_intent", "after_terminate_call"]
+# Every point of a launch's and a termination's path, the executor's steps included.
+LAUNCH_AND_TERMINATE = [
+    "after_sync_commit",
+    "after_intent",
+    "before_launch_submit",
+    "after_provider_call",
+    "before_apply_outcome",
+    "after_terminate_intent",
+    "after_terminate_call",
+]
 
 
+@pytest.mark.timeout(360)  # seven kills and restarts of a real control plane
 def test_kill_at_each_launch_and_terminate_point(tmp_path: Path, moto_ec2: MotoEC2) -> None:
     outcomes = _crash_run(tmp_path, moto_ec2, [(p, 0) for p in LAUNCH_AND_TERMINATE])
     reached = [o for o in outcomes if "killed at the point" in o]
