@@ -121,6 +121,8 @@ class InterruptionEvent:
     at: datetime
     # When the provider will take the instance (about two minutes after an AWS notice).
     deadline: datetime | None = None
+    # The provider's words, for the instance's history ("EC2 Spot Instance Interruption Warning").
+    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.queueing.workers import drain as drain_worker
-from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.queueing.workers import expire_silent_workers, interruption_notice
 from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
 from autoscaler.reconciler.record import record_cycle
@@ -384,8 +384,10 @@ class Reconciler:
                 transition(s, inst, S.READY, reason=f"agent registered as worker {inst.worker_id}", now=now)
 
     def _interruptions(self, s: Session, rows: list[Instance], now: datetime) -> None:
-        """Provider notices (spot reclaim in ~2 min): drain at once, whatever the worker does."""
+        """Provider notices: a spot interruption (reclaim in ~2 min) drains at once with the
+        notice's deadline; a rebalance recommendation stops new leases (`queueing.workers`)."""
         by_pid = {(i.pool, i.provider_instance_id): i for i in rows if i.provider_instance_id}
+        rebalance_s = self.config.reconcile.rebalance_drain_deadline_s
         for pool_name, provider in self.providers.items():
             if not provider.capabilities.interruption_events or not isinstance(provider, InterruptionSource):
                 continue
@@ -395,14 +397,10 @@ class Reconciler:
                 continue
             for ev in events:
                 inst = by_pid.get((pool_name, ev.instance_id))
-                if inst is None or inst.worker_id is None or inst.state not in ("ready", "draining"):
-                    continue
-                deadline = max(((ev.deadline or now) - now).total_seconds(), 0.0)
-                try:
-                    drain_worker(s, inst.worker_id, now=now, deadline_s=deadline, reason="spot interruption notice")
-                except Conflict:
-                    continue
-                transition(s, inst, S.DRAINING, reason=f"{ev.kind} notice from the provider", now=now)
+                if inst is not None:
+                    interruption_notice(
+                        s, inst, ev.kind, ev.deadline, ev.detail, now=now, rebalance_deadline_s=rebalance_s
+                    )
 
     def _terminate_provider_ids(self, pairs: list[tuple[str, str]]) -> None:
         by_pool: dict[str, list[str]] = {}
