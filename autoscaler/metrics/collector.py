@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.reports.spend import TeamSpend
-from autoscaler.state.models import DecisionRecord, Instance, Task, TaskEvent, Worker
+from autoscaler.state.models import DecisionRecord, Instance, InstanceEvent, Task, TaskEvent, Worker
 
 LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
 LIVE_WORKER_STATES = ("idle", "busy", "draining")
@@ -75,6 +75,23 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
     for provider, pool, capacity, state, n in session.execute(stmt):
         instances.add_metric([provider, pool, capacity, state], n)
     yield instances
+    # Spot reclaims, from the instances' history (so the count survives restarts): every
+    # cloud's, whether the agent's notice or the provider's listing or events told us.
+    preemptions = CounterMetricFamily(
+        "autoscaler_instance_preemptions", "Instances reclaimed by their provider (spot).", labels=["provider", "pool"]
+    )
+    pre_stmt = (
+        select(Instance.provider, Instance.pool, func.count())
+        .select_from(InstanceEvent)
+        .join(Instance, Instance.id == InstanceEvent.instance_id)
+        .where(InstanceEvent.to_state == "preempted")
+        .group_by(Instance.provider, Instance.pool)
+    )
+    if team is not None:
+        pre_stmt = pre_stmt.where(Instance.team == team)
+    for provider, pool, n in session.execute(pre_stmt):
+        preemptions.add_metric([provider, pool], n)
+    yield preemptions
     if team is not None:
         return  # workers carry no team; shared machines are the operators' view
     workers = GaugeMetricFamily(
