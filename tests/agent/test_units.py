@@ -301,7 +301,7 @@ def test_agent_requests_validate_against_the_server_schemas(fake_nvml: None) -> 
         preempt_reason="gcp instance preempted",
         preempt_deadline=datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC),
     )
-    schemas.HeartbeatIn.model_validate(hb.model_dump())
+    schemas.HeartbeatIn.model_validate(hb.model_dump(mode="json"))
     schemas.FinishIn.model_validate(finish_report(StopRequest("spot"), -15).model_dump())
     schemas.LogsIn.model_validate({"chunks": [LogChunk(stream="stderr", data="x").model_dump()]})
 
