@@ -122,6 +122,14 @@ class ReconcileConfig(_Strict):
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     orphan_grace_s: float = Field(120.0, ge=0)
     unavailable_ttl_s: float = Field(180.0, gt=0)
+    rebalance_drain_deadline_s: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "After a rebalance recommendation (AWS), how long running tasks may go on before they are "
+            "interrupted; None: they are not (the worker only stops taking new tasks)."
+        ),
+    )
     enabled: bool = True
 
 

@@ -124,6 +124,8 @@ class InterruptionEvent:
     # The provider's handle for acknowledging this notice (an SQS receipt handle), if it
     # must be acknowledged; see `AcknowledgedInterruptions`.
     receipt: str | None = field(default=None, compare=False)
+    # The provider's words, for the instance's history ("EC2 Spot Instance Interruption Warning").
+    detail: str = ""
 
 
 @dataclass(frozen=True)

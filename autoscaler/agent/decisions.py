@@ -10,6 +10,11 @@ from typing import Literal
 from autoscaler.agent.wire import FinishBody, LogChunk
 
 StopCause = Literal["canceled", "timeout", "drain", "spot", "reclaim", "abandoned"]
+# What the agent keeps back from a spot notice's deadline, per cloud, to deliver the
+# tasks' reports and deregister before the machine goes (`--preempt-margin` overrides).
+PREEMPT_MARGIN_S = {"aws": 10.0, "gcp": 5.0, "azure": 5.0}
+DEFAULT_PREEMPT_MARGIN_S = 5.0
+MIN_PREEMPT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,23 @@ def finish_report(stop: StopRequest | None, returncode: int) -> FinishBody:
     if stop.cause == "timeout":
         return FinishBody(reason="timeout", exit_code=code, detail=f"{stop.detail}; {died}".strip("; "))
     return FinishBody(reason="canceled", exit_code=code, detail=f"{stop.detail}; {died}".strip("; "))
+
+
+def preempt_margin_s(provider: str, override_s: float | None) -> float:
+    """The margin kept back from a notice's deadline: the flag's, else the cloud's default."""
+    if override_s is not None:
+        return override_s
+    return PREEMPT_MARGIN_S.get(provider, DEFAULT_PREEMPT_MARGIN_S)
+
+
+def preempt_grace_s(left_s: float | None, *, margin_s: float, fallback_s: float) -> float:
+    """SIGTERM -> SIGKILL on a spot notice: the time the notice leaves (`left_s`, seconds
+    to its deadline) minus the margin, so a checkpoint may use the whole notice and the
+    agent still has `margin_s` to report and deregister. A notice without a time, or
+    with one already past (a skewed clock), gets `fallback_s` (`--preempt-grace`)."""
+    if left_s is None or left_s <= 0:
+        return fallback_s
+    return max(left_s - margin_s, min(MIN_PREEMPT_GRACE_S, left_s))
 
 
 def start_failed_report(detail: str) -> FinishBody:

@@ -29,11 +29,18 @@ from types import FrameType
 
 from autoscaler import __version__
 from autoscaler.agent import host, worker_state
-from autoscaler.agent.decisions import StopRequest, backoff_s, finish_report, start_failed_report
+from autoscaler.agent.decisions import (
+    StopRequest,
+    backoff_s,
+    finish_report,
+    preempt_grace_s,
+    preempt_margin_s,
+    start_failed_report,
+)
 from autoscaler.agent.errors import AgentError
 from autoscaler.agent.gpus import GpuSource
 from autoscaler.agent.join_secret import fetch_join_token
-from autoscaler.agent.metadata import MetadataService
+from autoscaler.agent.metadata import MetadataService, Notice
 from autoscaler.agent.outbox import Outbox
 from autoscaler.agent.runner import StartFailed, TaskProcess
 from autoscaler.agent.server_api import ServerApi, ServerRefused, ServerUnreachable
@@ -71,6 +78,7 @@ class Agent:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_tasks: int | None = None,
     ) -> None:
         self.s = settings
@@ -80,6 +88,7 @@ class Agent:
         self.metadata = metadata
         self.clock = clock
         self.sleep = sleep
+        self.wall = wall  # UTC wall time: notices' and the server's deadlines are dates
         self.mode = Mode.RUNNING
         self.tasks: dict[str, TaskProcess] = {}
         self.outbox = Outbox()
@@ -101,6 +110,7 @@ class Agent:
         self.heartbeat_s = 10.0
         self.stopped_at: float | None = None  # when a drain/preemption had nothing left to run
         self.exit_by: float | None = None  # after a SIGTERM: gone by then, server or not
+        self.notice: Notice | None = None  # the spot notice, once there is one
 
     # -- lifecycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -258,11 +268,27 @@ class Agent:
         self.drain_deadline = deadline
         self.next_heartbeat = now  # tell the server at once
 
-    def _begin_preemption(self, now: float, notice: str) -> None:
-        log.warning("preemption notice: %s; stopping %d task(s) so they can checkpoint", notice, len(self.tasks))
+    def _begin_preemption(self, now: float, notice: Notice) -> None:
+        left = (notice.deadline - self.wall()).total_seconds() if notice.deadline is not None else None
+        margin = preempt_margin_s(self.s.provider, self.t.preempt_margin_s)
+        grace = preempt_grace_s(left, margin_s=margin, fallback_s=self.t.preempt_grace_s)
+        if left is None:
+            why = "the notice gives no time"
+        elif left <= 0:
+            why = f"its deadline passed {-left:.0f}s ago by this clock"
+        else:
+            why = f"deadline in {left:.0f}s, {margin:g}s kept to report"
+        log.warning(
+            "preemption notice: %s; stopping %d task(s) so they can checkpoint (SIGKILL after %.0fs: %s)",
+            notice.reason,
+            len(self.tasks),
+            grace,
+            why,
+        )
         self.mode = Mode.PREEMPTED
+        self.notice = notice
         for tp in self.tasks.values():
-            tp.request_stop(StopRequest("spot", notice), now, self.t.preempt_grace_s)
+            tp.request_stop(StopRequest("spot", notice.reason), now, grace)
         self.next_heartbeat = now
 
     def _watch_tasks(self, now: float) -> None:
@@ -323,6 +349,8 @@ class Agent:
             running=sorted(self.tasks),
             draining=self.mode != Mode.RUNNING,
             preempted=self.mode == Mode.PREEMPTED,
+            preempt_reason=self.notice.reason[:255] if self.notice else "",
+            preempt_deadline=self.notice.deadline if self.notice else None,
         )
         try:
             commands = self.api.heartbeat(body)
@@ -350,11 +378,18 @@ class Agent:
                 tp.request_stop(StopRequest("reclaim", "quota reclaimed"), now, self.t.preempt_grace_s)
         if commands.drain and self.mode == Mode.RUNNING:
             if commands.drain_deadline is not None:
-                left = (commands.drain_deadline - datetime.now(UTC)).total_seconds()
+                left = (commands.drain_deadline - self.wall()).total_seconds()
             else:
                 left = self.t.drain_deadline_s
             log.info("drain requested by the server; running tasks may go on for %.0fs", max(left, 0))
             self._begin_drain(now, now + max(left, 0.0))
+        elif commands.drain and self.mode == Mode.DRAINING and commands.drain_deadline is not None:
+            # The server may bring a drain's deadline forward (a rebalance recommendation
+            # followed by the interruption notice itself); it never pushes it back.
+            left = max((commands.drain_deadline - self.wall()).total_seconds(), 0.0)
+            if self.drain_deadline is not None and now + left < self.drain_deadline - 1.0:
+                log.info("the server moved the drain deadline forward: running tasks may go on for %.0fs", left)
+                self.drain_deadline = now + left
 
     def _gone(self, now: float, why: str) -> None:
         if self.mode == Mode.GONE:

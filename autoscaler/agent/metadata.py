@@ -2,12 +2,19 @@
 
 - AWS IMDSv2: a session token from `PUT /latest/api/token`, then
   `GET /latest/meta-data/instance-id` and `GET /latest/meta-data/spot/instance-action`
-  (404 until AWS schedules the stop, then `{"action": ..., "time": ...}`), and at
-  registration `GET /latest/dynamic/instance-identity/{document,signature}`.
+  (404 until AWS schedules the stop, then `{"action": ..., "time": ...}`; the time is
+  the notice's deadline, two minutes after it is posted), and at registration
+  `GET /latest/dynamic/instance-identity/{document,signature}`.
 - GCP: `GET /computeMetadata/v1/instance/id` and `.../instance/preempted`
-  (`TRUE` once preempted), with the header `Metadata-Flavor: Google`.
+  (`TRUE` once preempted), with the header `Metadata-Flavor: Google`. The flag carries
+  no time: GCP stops the VM 30 s after the preemption starts, so the deadline is
+  counted from when the agent first saw the flag.
 - Azure: `GET /metadata/instance/compute/vmId` and Scheduled Events
-  `GET /metadata/scheduledevents` (an event of type `Preempt`), header `Metadata: true`.
+  `GET /metadata/scheduledevents` (an event of type `Preempt`), header `Metadata: true`;
+  its `NotBefore` (an RFC 1123 date, at least 30 s ahead) is the deadline.
+
+Each notice is a `Notice`: a short description (it ends up in the instance's history)
+and the deadline, when the cloud says or implies one.
 
 The base URL is configurable so tests point it at fakes on 127.0.0.1. A metadata
 service that does not answer is logged, never fatal: the heartbeat timeout on the
@@ -18,6 +25,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
@@ -27,6 +37,16 @@ from autoscaler.agent.errors import AgentError
 log = logging.getLogger("autoscaler.agent")
 LINK_LOCAL = "http://169.254.169.254"
 IMDS_TOKEN_TTL_S = 21600
+# GCP gives a preempted VM 30 s between the preemption notice and the hard stop.
+GCP_NOTICE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A preemption notice: what the cloud said, and when the machine goes (UTC), if known."""
+
+    reason: str
+    deadline: datetime | None = None
 
 
 class MetadataService(Protocol):
@@ -34,12 +54,38 @@ class MetadataService(Protocol):
 
     def instance_id(self) -> str: ...
 
-    def preemption_notice(self) -> str | None:
-        """A short description of the notice, or None while there is none."""
+    def preemption_notice(self) -> Notice | None:
+        """The notice, or None while there is none."""
 
     def identity(self) -> dict[str, str] | None:
         """The cloud's signed statement of this machine's identity, sent at registration
         (AWS: the instance identity document and signature); None where there is none."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def parse_iso(value: object) -> datetime | None:
+    """An ISO 8601 time such as AWS's `2026-03-10T12:02:00Z`, as UTC; None if unreadable."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        at = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def parse_rfc1123(value: object) -> datetime | None:
+    """An HTTP date such as Azure's `Tue, 10 Mar 2026 12:00:30 GMT`, as UTC; None if unreadable."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        at = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 class _Base:
@@ -48,8 +94,9 @@ class _Base:
     def identity(self) -> dict[str, str] | None:
         return None  # GCP's identity JWT and Azure's attested data: not sent by this agent yet
 
-    def __init__(self, base_url: str | None, timeout_s: float = 2.0) -> None:
+    def __init__(self, base_url: str | None, timeout_s: float = 2.0, *, wall: Callable[[], datetime] = _utcnow) -> None:
         self.base_url = (base_url or LINK_LOCAL).rstrip("/")
+        self.wall = wall
         # Metadata services are link-local and never behind a proxy.
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
 
@@ -88,7 +135,7 @@ class AwsImds(_Base):
             raise self._unreachable(exc) from None
         return self._required(r, "instance-id")
 
-    def preemption_notice(self) -> str | None:
+    def preemption_notice(self) -> Notice | None:
         # A fresh token each poll: polls are seconds apart and tokens are cheap, and a
         # cached token that expired would silently hide a notice.
         r = self._get("/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": self._token()})
@@ -96,7 +143,8 @@ class AwsImds(_Base):
             return None
         r.raise_for_status()
         body: dict[str, Any] = r.json()
-        return f"aws spot {body.get('action', 'stop')} at {body.get('time', '?')}"
+        reason = f"aws spot {body.get('action', 'stop')} at {body.get('time', '?')}"
+        return Notice(reason, parse_iso(body.get("time")))
 
     def identity(self) -> dict[str, str] | None:
         try:
@@ -123,10 +171,12 @@ class GcpMetadata(_Base):
             raise self._unreachable(exc) from None
         return self._required(r, "instance/id")
 
-    def preemption_notice(self) -> str | None:
+    def preemption_notice(self) -> Notice | None:
         r = self._get("/computeMetadata/v1/instance/preempted", self.HEADERS)
         r.raise_for_status()
-        return "gcp instance preempted" if r.text.strip().upper() == "TRUE" else None
+        if r.text.strip().upper() != "TRUE":
+            return None
+        return Notice("gcp instance preempted", self.wall() + timedelta(seconds=GCP_NOTICE_S))
 
 
 class AzureImds(_Base):
@@ -144,17 +194,18 @@ class AzureImds(_Base):
             raise self._unreachable(exc) from None
         return self._required(r, "compute/vmId")
 
-    def preemption_notice(self) -> str | None:
+    def preemption_notice(self) -> Notice | None:
         r = self._get("/metadata/scheduledevents", self.HEADERS, {"api-version": "2020-07-01"})
         r.raise_for_status()
         for event in r.json().get("Events", []):
             if event.get("EventType") == "Preempt":
-                event_id, not_before = event.get("EventId", "?"), event.get("NotBefore", "?")
-                return f"azure Preempt event {event_id} not before {not_before}"
+                event_id, not_before = event.get("EventId", "?"), event.get("NotBefore") or "?"
+                # NotBefore is empty once the event has started: the deadline is unknown then.
+                return Notice(f"azure Preempt event {event_id} not before {not_before}", parse_rfc1123(not_before))
         return None
 
 
-SERVICES: dict[str, Callable[[str | None], MetadataService]] = {
+SERVICES: dict[str, Callable[..., MetadataService]] = {
     "aws": AwsImds,
     "gcp": GcpMetadata,
     "azure": AzureImds,

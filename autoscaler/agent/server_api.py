@@ -79,7 +79,7 @@ class ServerApi:
         return reply
 
     def heartbeat(self, body: HeartbeatBody) -> Commands:
-        return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump()))
+        return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump(mode="json")))
 
     def lease(self) -> LeasedTask | None:
         return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task

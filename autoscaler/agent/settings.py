@@ -65,7 +65,11 @@ class Timing:
     lease_s: float = 2.0  # how often an agent with free GPUs asks for work
     drain_deadline_s: float = 90.0  # on SIGTERM: how long running tasks may go on
     kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL on cancel, timeout, drain deadline
-    preempt_grace_s: float = 25.0  # SIGTERM -> SIGKILL on a spot notice (GCP gives 30 s)
+    # On a spot notice tasks get SIGTERM at once and SIGKILL at the notice's deadline
+    # minus the margin (None: the cloud's default, see decisions.PREEMPT_MARGIN_S);
+    # preempt_grace_s is the grace of a notice that carries no usable time.
+    preempt_grace_s: float = 25.0
+    preempt_margin_s: float | None = None
     notice_poll_s: float = 5.0  # how often the metadata service is asked about preemption
     log_flush_s: float = 1.0  # how often task output is sent to the server
     request_timeout_s: float = 10.0  # one HTTP call to the server

@@ -64,6 +64,9 @@ class HeartbeatBody(BaseModel):
     running: list[str] = Field(default_factory=list)
     draining: bool = False
     preempted: bool = False
+    # The cloud's words and deadline, once preempted: the instance's history records them.
+    preempt_reason: str = ""
+    preempt_deadline: datetime | None = None
 
 
 class Commands(_Reply):

@@ -231,6 +231,10 @@ class HeartbeatIn(Body):
     running: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=64)
     draining: bool = False
     preempted: bool = Field(False, description="The agent got a spot/preemption notice from its cloud.")
+    preempt_reason: str = Field(
+        "", max_length=255, description="The notice in the cloud's words (recorded in the instance's history)."
+    )
+    preempt_deadline: datetime | None = Field(None, description="When the cloud takes the machine, if it says.")
 
 
 class HeartbeatOut(BaseModel):

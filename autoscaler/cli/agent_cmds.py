@@ -55,7 +55,16 @@ def agent(
     lease_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between lease attempts.")] = 2.0,
     drain_deadline: Annotated[float, typer.Option(min=0, help="On SIGTERM: seconds tasks may still run.")] = 90.0,
     kill_grace: Annotated[float, typer.Option(min=0, help="SIGTERM to SIGKILL on cancel/timeout/drain.")] = 10.0,
-    preempt_grace: Annotated[float, typer.Option(min=0, help="SIGTERM to SIGKILL on a spot notice.")] = 25.0,
+    preempt_grace: Annotated[
+        float, typer.Option(min=0, help="SIGTERM to SIGKILL on a spot notice that gives no deadline.")
+    ] = 25.0,
+    preempt_margin: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="On a spot notice, SIGKILL this long before its deadline (default: aws 10, gcp 5, azure 5).",
+        ),
+    ] = None,
     notice_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between preemption checks.")] = 5.0,
     log_flush: Annotated[float, typer.Option(min=0.01, help="Seconds between task output uploads.")] = 1.0,
     request_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per call to the server.")] = 10.0,
@@ -84,6 +93,7 @@ def agent(
         drain_deadline_s=drain_deadline,
         kill_grace_s=kill_grace,
         preempt_grace_s=preempt_grace,
+        preempt_margin_s=preempt_margin,
         notice_poll_s=notice_interval,
         log_flush_s=log_flush,
         request_timeout_s=request_timeout,

@@ -77,6 +77,23 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
     for provider, pool, capacity, state, n in session.execute(stmt):
         instances.add_metric([provider, pool, capacity, state], n)
     yield instances
+    # Spot reclaims, from the instances' history (so the count survives restarts): every
+    # cloud's, whether the agent's notice or the provider's listing or events told us.
+    preemptions = CounterMetricFamily(
+        "autoscaler_instance_preemptions", "Instances reclaimed by their provider (spot).", labels=["provider", "pool"]
+    )
+    pre_stmt = (
+        select(Instance.provider, Instance.pool, func.count())
+        .select_from(InstanceEvent)
+        .join(Instance, Instance.id == InstanceEvent.instance_id)
+        .where(InstanceEvent.to_state == "preempted")
+        .group_by(Instance.provider, Instance.pool)
+    )
+    if team is not None:
+        pre_stmt = pre_stmt.where(Instance.team == team)
+    for provider, pool, n in session.execute(pre_stmt):
+        preemptions.add_metric([provider, pool], n)
+    yield preemptions
     if team is not None:
         return  # workers carry no team; shared machines are the operators' view
     workers = GaugeMetricFamily("autoscaler_workers", "Live workers by pool and state.", labels=["pool", "state"])

@@ -127,6 +127,7 @@ class InstanceView:
     launched_at: datetime | None = None
     worker_id: str | None = None
     worker_state: str | None = None  # None: no worker registered yet
+    reason: str = ""  # why it is preempted (the spot notice's words); "" otherwise
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,7 +308,8 @@ def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
     for inst in inp.instances:
         pool = pools.get(inst.pool)
         if inst.state in DEAD_STATES:
-            out.append(Terminate(inst.id, inst.pool, f"instance {inst.state}"))
+            why = f"instance {inst.state}: {inst.reason}" if inst.reason else f"instance {inst.state}"
+            out.append(Terminate(inst.id, inst.pool, why))
         elif inst.state in BOOTING_STATES and inst.worker_id is None:
             if inst.team in drained_teams:
                 out.append(Terminate(inst.id, inst.pool, f"team {inst.team} over its hard budget"))

@@ -3,6 +3,14 @@
 Worker states: idle | busy -> draining -> gone. A drain asked "only if idle" is
 refused when the worker leased a task in the meantime, so scale-down never kills a
 worker that just picked up work (a classic bug of the closest peer).
+
+Reclaims, on every cloud: a spot notice, from the agent's metadata watcher (the
+heartbeat's `preempted`) or from the provider's interruption events, drains the worker
+with `drain_reason = "spot"` and the notice's deadline and moves its instance to
+`draining` with the notice's words; when that worker goes (it deregisters after its
+tasks checkpointed, or falls silent as the machine is taken), the instance becomes
+`preempted` -- not `lost` -- with the same words. A rebalance recommendation (a risk,
+not a reclaim) only stops new leases: running tasks go on unless a deadline is configured.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -21,9 +29,17 @@ from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
 from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
-from autoscaler.state.models import ApiToken, Instance, Task, Worker
+from autoscaler.reconciler.states import InstanceState, transition
+from autoscaler.state.models import ApiToken, Instance, InstanceEvent, Task, Worker
 
 LIVE_STATES = ("idle", "busy", "draining")
+SPOT = "spot"  # drain_reason of a worker whose machine got a spot notice
+REBALANCE = "rebalance"  # drain_reason of a worker drained for a rebalance recommendation
+NOTICE_PREFIX = "spot notice"
+# A rebalance drain without a configured deadline: "never", in practice. Running tasks
+# finish (or the interruption notice that may follow brings the deadline forward).
+REBALANCE_NO_DEADLINE_S = 7 * 24 * 3600.0
+_OPEN = (InstanceState.BOOTING.value, InstanceState.READY.value, InstanceState.DRAINING.value)
 
 
 @dataclass(frozen=True)
@@ -368,6 +384,8 @@ def heartbeat(
     running: list[str] | None = None,
     draining: bool = False,
     preempted: bool = False,
+    preempt_reason: str = "",
+    preempt_deadline: datetime | None = None,
 ) -> HeartbeatReply:
     worker = get_worker(session, worker_id, lock=True)
     if worker.state == "gone":
@@ -376,11 +394,13 @@ def heartbeat(
         return HeartbeatReply(False, None, list(running or []), True, [])
     worker.last_heartbeat = now
     # The agent drains by itself on SIGTERM or a spot notice; recording it keeps the
-    # reconciler from counting it as capacity, and "spot" lets it mark the instance preempted.
-    if preempted and worker.drain_reason != "spot":
-        worker.state = "draining"
-        worker.drain_reason = "spot"
-        worker.drain_deadline = worker.drain_deadline or now
+    # reconciler from counting it as capacity, and "spot" marks the instance preempted
+    # once the worker is gone.
+    if preempted and worker.drain_reason != SPOT:
+        words = (preempt_reason or "the cloud is taking the machine").strip()
+        spot_notice(
+            session, worker, now=now, deadline=preempt_deadline, reason=f"{NOTICE_PREFIX} from the agent: {words}"
+        )
     elif draining and worker.state in ("idle", "busy"):
         worker.state = "draining"
         worker.drain_reason = "agent"
@@ -432,11 +452,100 @@ def drain(
     return worker
 
 
+def _instance_of(session: Session, worker: Worker) -> Instance | None:
+    """The open instance row this worker runs on (None on static machines)."""
+    return session.scalar(
+        select(Instance)
+        .where(
+            Instance.pool == worker.pool,
+            Instance.provider_instance_id == worker.instance_id,
+            Instance.state.in_(_OPEN),
+        )
+        .limit(1)
+    )
+
+
+def spot_notice(session: Session, worker: Worker, *, now: datetime, deadline: datetime | None, reason: str) -> None:
+    """The machine under `worker` is being reclaimed: no new leases, the drain's deadline
+    is the notice's (never later than one it already has), and the instance's history
+    says why. The instance becomes `preempted` when the worker goes (see `_go`)."""
+    worker.state = "draining"
+    worker.drain_reason = SPOT
+    if deadline is not None and deadline.tzinfo is None:
+        deadline = deadline.replace(tzinfo=UTC)  # a notice's time is UTC
+    when = deadline or now
+    worker.drain_deadline = min(worker.drain_deadline, when) if worker.drain_deadline is not None else when
+    inst = _instance_of(session, worker)
+    if inst is not None and inst.state == InstanceState.READY:
+        transition(session, inst, InstanceState.DRAINING, reason=reason, now=now)
+
+
+def interruption_notice(
+    session: Session,
+    inst: Instance,
+    kind: str,
+    deadline: datetime | None,
+    detail: str = "",
+    *,
+    now: datetime,
+    rebalance_deadline_s: float | None = None,
+) -> bool:
+    """A provider's interruption event for `inst` (the reconciler's second signal beside
+    the agent's own watcher). An `interruption` is a spot notice; a `rebalance`
+    recommendation drains the worker so it gets no new tasks (the planner stops counting
+    it, so queued work gets a replacement) while running tasks go on until
+    `rebalance_deadline_s` (None: they are not interrupted). True when anything changed."""
+    if inst.worker_id is None or inst.state not in (InstanceState.READY, InstanceState.DRAINING):
+        return False
+    worker = session.get(Worker, inst.worker_id, with_for_update=True)
+    if worker is None or worker.state == "gone":
+        return False
+    source = f"{inst.provider} {detail}".strip() if detail else inst.provider
+    if kind != REBALANCE:
+        if worker.drain_reason == SPOT:
+            return False
+        at = f", deadline {deadline.isoformat()}" if deadline is not None else ""
+        spot_notice(
+            session, worker, now=now, deadline=deadline, reason=f"{NOTICE_PREFIX} from the provider: {source}{at}"
+        )
+        return True
+    if worker.state == "draining":
+        return False  # already leaving; a rebalance changes nothing
+    after = REBALANCE_NO_DEADLINE_S if rebalance_deadline_s is None else rebalance_deadline_s
+    drain(session, worker.id, now=now, deadline_s=after, reason=REBALANCE)
+    running = (
+        "running tasks go on undisturbed"
+        if rebalance_deadline_s is None
+        else f"running tasks are interrupted after {rebalance_deadline_s:g}s"
+    )
+    why = f"rebalance recommendation from {source}: no new tasks, {running}; queued work gets a replacement"
+    if inst.state == InstanceState.READY:
+        transition(session, inst, InstanceState.DRAINING, reason=why, now=now)
+    return True
+
+
+def _reclaimed(session: Session, worker: Worker, *, now: datetime) -> None:
+    """A worker drained for a spot notice is gone: its machine was reclaimed, not lost."""
+    inst = _instance_of(session, worker)
+    if inst is None:
+        return
+    notice = session.scalar(
+        select(InstanceEvent.reason)
+        .where(InstanceEvent.instance_id == inst.id, InstanceEvent.reason.startswith(NOTICE_PREFIX))
+        .order_by(InstanceEvent.id.desc())
+        .limit(1)
+    )
+    why = f"reclaimed after its {notice}" if notice else "reclaimed after a spot notice"
+    transition(session, inst, InstanceState.PREEMPTED, reason=why, now=now)
+
+
 def _go(session: Session, worker: Worker, *, now: datetime, reason: str, lost: bool = False) -> list[Task]:
     tasks = interrupt_worker_tasks(session, worker.id, now=now, reason=reason, lost=lost)
     worker.state = "gone"
     worker.gone_at = now
     worker.gone_reason = reason
+    if worker.drain_reason == SPOT and reason != "re-registered":
+        _reclaimed(session, worker, now=now)
     return tasks
 
 

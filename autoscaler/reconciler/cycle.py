@@ -54,7 +54,7 @@ from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.queueing.workers import drain as drain_worker
-from autoscaler.queueing.workers import expel_impostors, expire_silent_workers
+from autoscaler.queueing.workers import expel_impostors, expire_silent_workers, interruption_notice
 from autoscaler.reconciler import sync
 from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
@@ -353,13 +353,17 @@ class Reconciler:
             elif isinstance(change, sync.BindWorker):
                 inst.worker_id = change.worker_id
             elif isinstance(change, sync.Drain):
-                try:
-                    drain_worker(
-                        s, change.worker_id, now=now, deadline_s=change.deadline_s, reason="spot interruption notice"
-                    )
-                except Conflict:
-                    continue
-                transition(s, inst, S.DRAINING, reason=f"{change.kind} notice from the provider", now=now)
+                # A spot notice drains with the notice's deadline; a rebalance only stops
+                # new leases (queueing.workers.interruption_notice).
+                interruption_notice(
+                    s,
+                    inst,
+                    change.kind,
+                    now + timedelta(seconds=change.deadline_s),
+                    change.detail,
+                    now=now,
+                    rebalance_deadline_s=self.config.reconcile.rebalance_drain_deadline_s,
+                )
         result.adopted.extend(out.adopted)
         result.preempted.extend(out.preempted)
         result.lost.extend(out.lost)

@@ -29,7 +29,7 @@ from autoscaler.planner.model import (
     WorkerView,
 )
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
-from autoscaler.state.models import Instance, OfferingBlock, QueueRow, Task, Worker
+from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
 
 ACTIVE_TASK_STATES = ("leased", "running")
 LIVE_WORKER_STATES = ("idle", "busy", "draining")
@@ -178,6 +178,7 @@ def observe(
         ).where(Instance.state.in_(OPEN_INSTANCE_STATES))
     ).all()
     by_provider_id = {(i.pool, i.provider_instance_id): i.id for i in instance_rows if i.provider_instance_id}
+    preempted_why = _preempted_reasons(session, [i.id for i in instance_rows if i.state == "preempted"])
     by_worker = {i.worker_id: i.id for i in instance_rows if i.worker_id}
     workers: list[WorkerView] = []
     worker_state: dict[str, str] = {}
@@ -228,6 +229,7 @@ def observe(
             i.launched_at,
             i.worker_id,
             (worker_state.get(i.worker_id, "gone") if i.worker_id else None),
+            preempted_why.get(i.id, ""),
         )
         for i in instance_rows
     )
@@ -357,3 +359,16 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
         pools=pools,
         fleet=fleet,
     )
+
+
+def _preempted_reasons(session: Session, ids: list[str]) -> dict[str, str]:
+    """Why each preempted instance was (the spot notice's words), for its termination's
+    reason in `explain`; only the few preempted rows a cycle still has are looked up."""
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(InstanceEvent.instance_id, InstanceEvent.reason)
+        .where(InstanceEvent.instance_id.in_(ids), InstanceEvent.to_state == "preempted")
+        .order_by(InstanceEvent.id)
+    )
+    return {str(a): str(b) for a, b in rows}

@@ -124,6 +124,7 @@ class Drain:
     worker_id: str
     deadline_s: float
     kind: str
+    detail: str = ""  # the provider's words, for the instance's history
 
 
 Change = Adopt | Move | RecordProviderId | BindWorker | Drain
@@ -261,7 +262,7 @@ def passive_sync(
         if c.worker_id is None or c.state not in (S.READY, S.DRAINING):
             continue
         deadline = max(((ev.deadline or now) - now).total_seconds(), 0.0)
-        changes.append(Drain(hit.id, c.worker_id, deadline, ev.kind))
+        changes.append(Drain(hit.id, c.worker_id, deadline, ev.kind, ev.detail))
         c.state = S.DRAINING
 
     return SyncResult(

@@ -527,10 +527,11 @@ def parse_interruption(body: str) -> InterruptionEvent | None:
     if not isinstance(event, dict):
         return None
     detail = event.get("detail") or {}
+    detail_type = str(event.get("detail-type"))
     kind = {
         "EC2 Spot Instance Interruption Warning": "interruption",
         "EC2 Instance Rebalance Recommendation": "rebalance",
-    }.get(str(event.get("detail-type")))
+    }.get(detail_type)
     iid = detail.get("instance-id") if isinstance(detail, dict) else None
     if kind is None or not iid:
         return None
@@ -544,6 +545,7 @@ def parse_interruption(body: str) -> InterruptionEvent | None:
         kind="interruption" if kind == "interruption" else "rebalance",
         at=at,
         deadline=deadline,
+        detail=detail_type + (f" ({detail['instance-action']})" if detail.get("instance-action") else ""),
     )
 
 

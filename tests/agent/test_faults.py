@@ -57,6 +57,9 @@ def test_spot_notices_on_aws_gcp_and_azure_interrupt_requeue_and_another_agent_c
         for p, agent in agents.items():
             assert agent.wait() == 0, agent.log()
             assert "preemption notice" in agent.log()
+            # The grace comes from the notice: AWS's two minutes and Azure's NotBefore
+            # (the fake's defaults: 120 s and 30 s), GCP's 30 s from when the flag was seen.
+            assert re.search(r"SIGKILL after \d+s: deadline in \d+s, \d+s kept to report", agent.log()), agent.log()
             # What the reconciler reads to mark the instance preempted, not merely drained.
             row = harness.worker_row(workers[p]["id"])
             assert (row.state, row.drain_reason, row.gone_reason) == ("gone", "spot", "deregistered")
@@ -79,7 +82,7 @@ def test_spot_notices_on_aws_gcp_and_azure_interrupt_requeue_and_another_agent_c
             fake.stop()
 
 
-def test_a_task_that_ignores_sigterm_on_a_spot_notice_is_killed_after_the_grace(
+def test_a_task_that_ignores_sigterm_on_a_spot_notice_is_killed_at_the_notice_deadline_less_the_margin(
     harness: AgentHarness,
 ) -> None:
     metadata = FakeMetadata("aws", instance_id="i-spot").start()
@@ -87,14 +90,21 @@ def test_a_task_that_ignores_sigterm_on_a_spot_notice_is_killed_after_the_grace(
         task = harness.enqueue(
             py("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: None)\ntime.sleep(60)")
         )
-        agent = harness.start_agent(instance_id="", extra=["--provider", "aws", "--metadata-url", metadata.url])
+        agent = harness.start_agent(
+            instance_id="",
+            extra=["--provider", "aws", "--metadata-url", metadata.url, "--preempt-margin", "1"],
+        )
         harness.wait_state(task, "running")
         worker = harness.worker_of("i-spot")
-        metadata.arm()
+        metadata.arm(notice_s=5)  # AWS's instance-action time, 5 s ahead (4-5 s by the second)
         # While the task still holds on, the server already counts the worker out.
         w = wait_for("worker draining", lambda: (x := harness.worker(worker["id"]))["state"] == "draining" and x)
         assert w["drain_deadline"] is not None
-        assert agent.wait() == 0  # SIGKILL after --preempt-grace 1
+        started = time.monotonic()
+        assert agent.wait() == 0
+        # Not --preempt-grace (1 s): the notice's own deadline minus --preempt-margin.
+        assert time.monotonic() - started >= 2.0
+        assert re.search(r"SIGKILL after [2-4]s: deadline in [3-5]s, 1s kept to report", agent.log()), agent.log()
         t = harness.task(task)
         assert t["state"] == "queued" and t["events"][-2]["reason"] == "interrupted:spot"
         assert t["exit_code"] == -9  # it would not checkpoint, so it was killed

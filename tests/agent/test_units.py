@@ -7,16 +7,25 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoscaler.agent import gpus as gpu_mod
-from autoscaler.agent.decisions import StopRequest, backoff_s, cut_uploads, finish_report, gpu_env
+from autoscaler.agent.decisions import (
+    StopRequest,
+    backoff_s,
+    cut_uploads,
+    finish_report,
+    gpu_env,
+    preempt_grace_s,
+    preempt_margin_s,
+)
 from autoscaler.agent.errors import AgentError
 from autoscaler.agent.join_secret import fetch_join_token
-from autoscaler.agent.metadata import metadata_service
+from autoscaler.agent.metadata import metadata_service, parse_iso, parse_rfc1123
 from autoscaler.agent.settings import (
     SimulatedGpuSpec,
     Timing,
@@ -235,12 +244,37 @@ def test_metadata_clients_read_instance_id_and_notice(provider: str) -> None:
         assert client is not None
         assert client.instance_id() == f"{provider}-123"
         assert client.preemption_notice() is None
-        fake.arm()
+        before = datetime.now(UTC)
+        fake.arm(notice_s=90)
         notice = client.preemption_notice()
-        assert notice is not None and provider in notice
+        assert notice is not None and provider in notice.reason
+        # The notice's own deadline: AWS's instance-action time, Azure's NotBefore, and
+        # for GCP (whose flag has no time) 30 s from when the agent saw it.
+        assert notice.deadline is not None
+        expected = 30 if provider == "gcp" else 90
+        assert abs((notice.deadline - before).total_seconds() - expected) < 3
         assert all(status in (200, 404) for _, _, status in fake.requests)  # headers were right
     finally:
         fake.stop()
+
+
+def test_notice_times_are_parsed_as_utc_and_unreadable_ones_are_none() -> None:
+    assert parse_iso("2026-03-10T12:02:00Z") == datetime(2026, 3, 10, 12, 2, tzinfo=UTC)
+    assert parse_rfc1123("Tue, 10 Mar 2026 12:00:30 GMT") == datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)
+    assert parse_iso("soon") is None and parse_iso(None) is None
+    assert parse_rfc1123("") is None and parse_rfc1123("not a date") is None
+
+
+def test_the_checkpoint_grace_is_the_notice_less_a_per_cloud_margin() -> None:
+    # AWS's two minutes are used nearly in full, not cut to a fixed 25 s.
+    assert preempt_grace_s(120, margin_s=preempt_margin_s("aws", None), fallback_s=25) == 110
+    assert preempt_grace_s(30, margin_s=preempt_margin_s("gcp", None), fallback_s=25) == 25
+    assert preempt_grace_s(30, margin_s=preempt_margin_s("azure", 2.0), fallback_s=25) == 28
+    # No time in the notice, or a deadline already past by this clock: the fallback grace.
+    assert preempt_grace_s(None, margin_s=5, fallback_s=25) == 25
+    assert preempt_grace_s(-3, margin_s=5, fallback_s=25) == 25
+    # Less left than the margin: a short grace still lets the task see SIGTERM first.
+    assert preempt_grace_s(3, margin_s=5, fallback_s=25) == 1
 
 
 def test_unreachable_metadata_service_is_a_clear_error() -> None:
@@ -259,8 +293,15 @@ def test_agent_requests_validate_against_the_server_schemas(fake_nvml: None) -> 
     gpus = gpu_mod.discover()
     reg = RegisterBody(hostname="h", instance_id="i", provider="aws", pool="p", gpus=gpus.inventory())
     schemas.RegisterIn.model_validate(reg.model_dump())
-    hb = HeartbeatBody(gpu_metrics=gpus.sample(), running=["t1"], draining=True, preempted=True)
-    schemas.HeartbeatIn.model_validate(hb.model_dump())
+    hb = HeartbeatBody(
+        gpu_metrics=gpus.sample(),
+        running=["t1"],
+        draining=True,
+        preempted=True,
+        preempt_reason="gcp instance preempted",
+        preempt_deadline=datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC),
+    )
+    schemas.HeartbeatIn.model_validate(hb.model_dump(mode="json"))
     schemas.FinishIn.model_validate(finish_report(StopRequest("spot"), -15).model_dump())
     schemas.LogsIn.model_validate({"chunks": [LogChunk(stream="stderr", data="x").model_dump()]})
 

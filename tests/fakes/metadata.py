@@ -1,13 +1,17 @@
 """Fake cloud metadata services on 127.0.0.1: AWS IMDSv2, GCP and Azure IMDS with
 Scheduled Events. Each is as strict as the real one about its headers (IMDSv2 token,
 `Metadata-Flavor: Google`, `Metadata: true`), so an agent that forgets them fails
-here as it would in the cloud. `arm()` announces a preemption."""
+here as it would in the cloud. `arm()` announces a preemption, with a deadline
+`notice_s` from now where the cloud gives one (AWS's instance-action time, Azure's
+NotBefore; GCP's flag has none)."""
 
 from __future__ import annotations
 
 import json
 import secrets
 import threading
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +26,7 @@ class FakeMetadata:
         # AWS: the instance identity document and signature served (tests/fakes/aws_identity.py).
         self.identity = identity
         self.armed = False
+        self.deadline: datetime | None = None
         self.requests: list[tuple[str, str, int]] = []
         self._tokens: set[str] = set()
         fake = self
@@ -49,8 +54,11 @@ class FakeMetadata:
         self._server.shutdown()
         self._server.server_close()
 
-    def arm(self) -> None:
-        """From now on, the service announces that this instance is being preempted."""
+    def arm(self, notice_s: float | None = None) -> None:
+        """From now on, the service announces that this instance is being preempted, by
+        the cloud's usual notice (AWS 120 s, Azure 30 s) or `notice_s` from now."""
+        lead = notice_s if notice_s is not None else {"aws": 120.0, "azure": 30.0}.get(self.provider, 30.0)
+        self.deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=lead)
         self.armed = True
 
     def polls(self) -> int:
@@ -94,11 +102,9 @@ class FakeMetadata:
         if path == "/latest/meta-data/spot/instance-action":
             if not self.armed:
                 return 404, "Not Found", "text/plain"
-            return (
-                200,
-                json.dumps({"action": "terminate", "time": "2026-03-10T12:02:00Z"}),
-                "application/json",
-            )
+            assert self.deadline is not None
+            when = self.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+            return 200, json.dumps({"action": "terminate", "time": when}), "application/json"
         return 404, "Not Found", "text/plain"
 
     def _gcp(self, h: BaseHTTPRequestHandler, method: str, path: str) -> tuple[int, str, str]:
@@ -135,7 +141,7 @@ class FakeMetadata:
                         "ResourceType": "VirtualMachine",
                         "Resources": ["vm-1"],
                         "EventStatus": "Scheduled",
-                        "NotBefore": "Tue, 10 Mar 2026 12:00:30 GMT",
+                        "NotBefore": format_datetime(self.deadline or datetime.now(UTC), usegmt=True),
                         "Description": "",
                         "EventSource": "Platform",
                         "DurationInSeconds": -1,

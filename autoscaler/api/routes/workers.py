@@ -130,6 +130,8 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
             running=list(body.running),
             draining=body.draining,
             preempted=body.preempted,
+            preempt_reason=body.preempt_reason,
+            preempt_deadline=body.preempt_deadline,
         )
     return HeartbeatOut(
         drain=reply.drain,
