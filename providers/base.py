@@ -121,11 +121,11 @@ class InterruptionEvent:
     at: datetime
     # When the provider will take the instance (about two minutes after an AWS notice).
     deadline: datetime | None = None
+    # The provider's words, for the instance's history ("EC2 Spot Instance Interruption Warning").
+    detail: str = ""
     # The provider's handle for acknowledging this notice (an SQS receipt handle), if it
     # must be acknowledged; see `AcknowledgedInterruptions`.
     receipt: str | None = field(default=None, compare=False)
-    # The provider's words, for the instance's history ("EC2 Spot Instance Interruption Warning").
-    detail: str = ""
 
 
 @dataclass(frozen=True)
