@@ -9,7 +9,7 @@ list.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoscaler.admission.quota import Quota
 from autoscaler.policy.schema import Decision, TeamDecision
@@ -87,21 +87,7 @@ class AdmissionTable:
         if hit is not None:
             return hit
         default = self.teams.get(DEFAULT_TEAM)
-        if default is None:
-            return TeamAdmission(team)
-        return TeamAdmission(
-            team,
-            default.may_scale_up,
-            default.drain,
-            default.headroom_usd_per_hour,
-            default.quota,
-            default.allowed_pools,
-            default.allowed_capacity_types,
-            default.priority_tier,
-            default.priority_weight,
-            default.reasons,
-            default.fail_safe,
-        )
+        return TeamAdmission(team) if default is None else replace(default, team=team)
 
     def quotas(self) -> dict[str, Quota]:
         return {t: a.quota for t, a in self.teams.items() if a.quota is not None and t != DEFAULT_TEAM}
