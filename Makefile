@@ -51,6 +51,7 @@ reliability: $(STAMP) system-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check autoscaler providers tests bench
+	$(BIN)/ruff format --check autoscaler providers tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

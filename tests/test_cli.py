@@ -160,9 +160,22 @@ def test_secret_env_is_sent_but_never_printed(server: dict[str, str], tmp_path: 
     dotenv = tmp_path / "secrets.env"
     dotenv.write_text(f"# from the vault\nexport HF_TOKEN='{FILE_SECRET}'\n\nWANDB_API_KEY=overridden\n")
     r = cli(
-        "enqueue", "-q", "gpu", "--gpus", "1", "--env", "EPOCHS=3",
-        "--secret-env-from-file", str(dotenv), "--secret-env", f"WANDB_API_KEY={SECRET}",
-        "--secret-env", "OPENAI_API_KEY", "--", "python", "train.py",
+        "enqueue",
+        "-q",
+        "gpu",
+        "--gpus",
+        "1",
+        "--env",
+        "EPOCHS=3",
+        "--secret-env-from-file",
+        str(dotenv),
+        "--secret-env",
+        f"WANDB_API_KEY={SECRET}",
+        "--secret-env",
+        "OPENAI_API_KEY",
+        "--",
+        "python",
+        "train.py",
         env={**env, "OPENAI_API_KEY": SHELL_SECRET},
     )
     assert r.returncode == 0, r.stderr
@@ -174,15 +187,30 @@ def test_secret_env_is_sent_but_never_printed(server: dict[str, str], tmp_path: 
     assert "env: EPOCHS=3" in shown.stdout  # plain env stays plain
     as_json = json.loads(cli("task", "show", task_id, "--json", env=env).stdout)
     assert as_json["secret_env"] == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***", "WANDB_API_KEY": "***"}
-    for args in (["task", "show", task_id], ["task", "show", task_id, "--json"], ["tasks"], ["tasks", "--json"],
-                 ["task", "why", task_id], ["enqueue", "-q", "gpu", "--json", "--secret-env", f"K={SECRET}", "--",
-                                            "true"]):
+    for args in (
+        ["task", "show", task_id],
+        ["task", "show", task_id, "--json"],
+        ["tasks"],
+        ["tasks", "--json"],
+        ["task", "why", task_id],
+        ["enqueue", "-q", "gpu", "--json", "--secret-env", f"K={SECRET}", "--", "true"],
+    ):
         done = cli(*args, env=env)
         assert done.returncode == 0, (args, done.stderr)
         outputs.append(done.stdout + done.stderr)
     # Mistakes: refused in one line that never repeats the value.
-    both = cli("enqueue", "-q", "gpu", "--env", "WANDB_API_KEY=x", "--secret-env", f"WANDB_API_KEY={SECRET}",
-               "--", "true", env=env)
+    both = cli(
+        "enqueue",
+        "-q",
+        "gpu",
+        "--env",
+        "WANDB_API_KEY=x",
+        "--secret-env",
+        f"WANDB_API_KEY={SECRET}",
+        "--",
+        "true",
+        env=env,
+    )
     assert both.returncode == 1 and "given both in env and in secret_env" in both.stderr
     dotenv.write_text(f"OK=1\n{SECRET}\n")
     bad_line = cli("enqueue", "-q", "gpu", "--secret-env-from-file", str(dotenv), "--", "true", env=env)

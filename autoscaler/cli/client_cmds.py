@@ -260,7 +260,9 @@ def task_show(
         "retries: "
         + (f"only exit codes {', '.join(str(c) for c in retry)}" if retry else "every non-zero exit and timeout")
     )
-    out.print(f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}")
+    out.print(
+        f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}"
+    )
     if task.get("attempt_costs"):
         print_table(
             task["attempt_costs"],

@@ -66,8 +66,7 @@ def server(
     configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     check_workers(cfg, home_dir, workers)  # before migrating anything
-    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers,
-          config_path=config or Settings().config)
+    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers, config_path=config or Settings().config)
 
 
 @app.command()
@@ -122,7 +121,9 @@ def key_rotate(config: ConfigOpt = None, home: Home = None) -> None:
     path = secret_key_path(cfg, home_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     new, kept = rotate_key_file(path)
-    typer.echo(f"{path}: new key {new} seals from the next server start" + (f"; kept {', '.join(kept)}" if kept else ""))
+    typer.echo(
+        f"{path}: new key {new} seals from the next server start" + (f"; kept {', '.join(kept)}" if kept else "")
+    )
     typer.echo("restart every server process, then `autoscaler secret-key reseal` before removing old keys")
 
 

@@ -245,9 +245,7 @@ def _alert_families(session: Session, team: str | None) -> Iterator[Metric]:
     yield deliveries
 
 
-def snapshot_families(
-    session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None
-) -> list[Metric]:
+def snapshot_families(session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None) -> list[Metric]:
     return [
         *_queue_families(session, now, team),
         *_task_families(session, team),

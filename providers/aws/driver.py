@@ -106,7 +106,6 @@ class AwsProvider:
 
     # ---- the Provider protocol -----------------------------------------------------
 
-
     def identity_verifier(self) -> IdentityVerifier | None:
         """The registration hook: checks AWS-signed instance identity documents when the
         pool sets `identity_certificate` (see providers/aws/identity.py)."""

@@ -204,9 +204,7 @@ class LocalProvider:
         digest = hashlib.sha256(request_id.encode()).hexdigest()[:12]
         return f"local-{digest}-{n}"
 
-    def _ensure_started(
-        self, iid: str, request: LaunchRequest, bootstrap: dict[str, Any]
-    ) -> ProviderInstance:
+    def _ensure_started(self, iid: str, request: LaunchRequest, bootstrap: dict[str, Any]) -> ProviderInstance:
         d = self.root / iid
         rec_path = d / "instance.json"
         if rec_path.exists():

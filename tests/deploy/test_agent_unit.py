@@ -83,11 +83,14 @@ def test_finished_drain_powers_off(fake_systemctl: Path, tmp_path: Path) -> None
     assert "poweroff --no-block" in _hook(fake_systemctl, tmp_path, **DRAINED)
 
 
-@pytest.mark.parametrize("env", [
-    {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"},  # crash: restart instead
-    {"SERVICE_RESULT": "success", "EXIT_CODE": "killed", "EXIT_STATUS": "TERM"},  # stopped by a signal
-    {"SERVICE_RESULT": "signal", "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"},  # crash: restart instead
+        {"SERVICE_RESULT": "success", "EXIT_CODE": "killed", "EXIT_STATUS": "TERM"},  # stopped by a signal
+        {"SERVICE_RESULT": "signal", "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"},
+    ],
+)
 def test_other_exits_leave_the_machine_up(fake_systemctl: Path, tmp_path: Path, env: dict[str, str]) -> None:
     assert not any("poweroff" in c for c in _hook(fake_systemctl, tmp_path, **env))
 

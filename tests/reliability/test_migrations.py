@@ -63,14 +63,32 @@ def _fill(engine: Engine) -> None:
         _, join = create_token(s, kind="join", now=now, pool="gpu-pool", ttl=timedelta(hours=1))
         create_token(s, kind="team", now=now, team="vision")
         worker, _ = worker_ops.register(
-            s, join, worker_ops.Registration(hostname="h", instance_id="i-1", provider="fake", pool="gpu-pool",
-                                             gpus=[{"index": 0, "model": "A10G"}], cpus=4, memory_mb=1000,
-                                             simulated_gpus=True, agent_version="t"), now=now)
+            s,
+            join,
+            worker_ops.Registration(
+                hostname="h",
+                instance_id="i-1",
+                provider="fake",
+                pool="gpu-pool",
+                gpus=[{"index": 0, "model": "A10G"}],
+                cpus=4,
+                memory_mb=1000,
+                simulated_gpus=True,
+                agent_version="t",
+            ),
+            now=now,
+        )
         for i in range(3):
-            task_ops.enqueue(s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision",
-                             now=now)
-        task_ops.enqueue(s, task_ops.TaskSpec(queue="cpu", command=["true"], secret_env={"API_KEY": "k"}),
-                         team="vision", now=now, secret_keys=SecretKeys.generate())
+            task_ops.enqueue(
+                s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision", now=now
+            )
+        task_ops.enqueue(
+            s,
+            task_ops.TaskSpec(queue="cpu", command=["true"], secret_env={"API_KEY": "k"}),
+            team="vision",
+            now=now,
+            secret_keys=SecretKeys.generate(),
+        )
     with transaction(sessions) as s:
         task = task_ops.lease(s, worker.id, now=now)
         assert task is not None
@@ -177,7 +195,7 @@ def test_0006_keeps_old_segments_as_unused_and_opens_attempts_of_running_tasks(e
     with empty_engine.begin() as c:
         c.execute(
             text(
-                'INSERT INTO spend_records (instance_id, team, pool, provider, region, instance_type, capacity_type,'
+                "INSERT INTO spend_records (instance_id, team, pool, provider, region, instance_type, capacity_type,"
                 ' start, "end", hourly_price, cost_usd) VALUES'
                 " ('i-1', 'vision', 'gpu-pool', 'fake', NULL, 'g.1', 'spot', :at, :at, 2.0, 5.0)"
             ),

@@ -125,8 +125,13 @@ def _register(client: TestClient | httpx.Client, admin: str, instance: str, pool
     r = client.post(
         "/api/v1/workers/register",
         headers=_bearer(join),
-        json={"hostname": instance, "instance_id": instance, "provider": "fake", "pool": pool,
-              "gpus": [{"index": 0, "model": "A10G"}]},
+        json={
+            "hostname": instance,
+            "instance_id": instance,
+            "provider": "fake",
+            "pool": pool,
+            "gpus": [{"index": 0, "model": "A10G"}],
+        },
     )
     assert r.status_code == 201, r.text
     return dict(r.json())
@@ -170,7 +175,9 @@ def test_secret_env_reaches_only_the_leasing_worker(
 def _run_the_whole_story(ctx: AppContext, db_url: str, url: str, tmp_path: Path) -> None:
     http = httpx.Client(base_url=url, timeout=10)
     admin = issue_token(ctx, "admin")
-    vision = http.post("/api/v1/tokens", headers=_bearer(admin), json={"kind": "team", "team": "vision"}).json()["token"]
+    vision = http.post("/api/v1/tokens", headers=_bearer(admin), json={"kind": "team", "team": "vision"}).json()[
+        "token"
+    ]
     seen: list[str] = []  # every response body but the lease's
 
     def call(method: str, path: str, token: str, **kw: Any) -> Any:
@@ -180,15 +187,31 @@ def _run_the_whole_story(ctx: AppContext, db_url: str, url: str, tmp_path: Path)
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
     # Refused: one name in both maps (422, and the message does not repeat the value).
-    both = http.post("/api/v1/tasks", headers=_bearer(vision), json={
-        "queue": "gpu", "command": ["true"], "env": {"WANDB_API_KEY": "x"}, "secret_env": {"WANDB_API_KEY": SECRET}})
+    both = http.post(
+        "/api/v1/tasks",
+        headers=_bearer(vision),
+        json={
+            "queue": "gpu",
+            "command": ["true"],
+            "env": {"WANDB_API_KEY": "x"},
+            "secret_env": {"WANDB_API_KEY": SECRET},
+        },
+    )
     assert both.status_code == 422 and "WANDB_API_KEY" in both.text and SECRET not in both.text
-    bad_name = http.post("/api/v1/tasks", headers=_bearer(vision), json={
-        "queue": "gpu", "command": ["true"], "secret_env": {"1BAD": SECRET}})
+    bad_name = http.post(
+        "/api/v1/tasks",
+        headers=_bearer(vision),
+        json={"queue": "gpu", "command": ["true"], "secret_env": {"1BAD": SECRET}},
+    )
     assert bad_name.status_code == 422 and SECRET not in bad_name.text
 
-    body = {"queue": "gpu", "command": ["python", "train.py"], "gpus": 1, "env": {"EPOCHS": "3"},
-            "secret_env": {"WANDB_API_KEY": SECRET, "HF_TOKEN": OTHER_SECRET}}
+    body = {
+        "queue": "gpu",
+        "command": ["python", "train.py"],
+        "gpus": 1,
+        "env": {"EPOCHS": "3"},
+        "secret_env": {"WANDB_API_KEY": SECRET, "HF_TOKEN": OTHER_SECRET},
+    }
     created = call("POST", "/api/v1/tasks", vision, json=body)
     task_id = created["id"]
     masked = {"WANDB_API_KEY": MASK, "HF_TOKEN": MASK}
@@ -198,8 +221,9 @@ def _run_the_whole_story(ctx: AppContext, db_url: str, url: str, tmp_path: Path)
     call("GET", f"/api/v1/tasks/{task_id}/why", vision)
 
     # A real reconcile cycle over this database records its decision (and metrics).
-    rig = make_rig(ctx.sessions, ctx.config, ManualClock(ctx.clock.now()), PolicyService(ctx.config.policy,
-                                                                                          isolate=False))
+    rig = make_rig(
+        ctx.sessions, ctx.config, ManualClock(ctx.clock.now()), PolicyService(ctx.config.policy, isolate=False)
+    )
     rig.reconciler().run_cycle()
     assert call("GET", "/api/v1/decisions", admin)
     call("GET", "/metrics", admin)
@@ -253,8 +277,11 @@ def _run_the_whole_story(ctx: AppContext, db_url: str, url: str, tmp_path: Path)
 def test_a_secret_whose_key_is_gone_fails_its_task_instead_of_blocking(ctx: AppContext) -> None:
     client = TestClient(create_app(ctx))
     admin = issue_token(ctx, "admin")
-    r = client.post("/api/v1/tasks", headers=_bearer(admin),
-                    json={"queue": "gpu", "command": ["true"], "gpus": 1, "secret_env": {"K": SECRET}})
+    r = client.post(
+        "/api/v1/tasks",
+        headers=_bearer(admin),
+        json={"queue": "gpu", "command": ["true"], "gpus": 1, "secret_env": {"K": SECRET}},
+    )
     assert r.status_code == 201, r.text
     task_id = r.json()["id"]
     ctx.secret_keys = SecretKeys.generate()  # the sealing key was removed from the key file
@@ -271,8 +298,9 @@ def test_a_server_without_a_key_refuses_secret_env_and_stores_nothing(ctx: AppCo
     ctx.secret_keys = None
     client = TestClient(create_app(ctx))
     admin = issue_token(ctx, "admin")
-    r = client.post("/api/v1/tasks", headers=_bearer(admin),
-                    json={"queue": "gpu", "command": ["true"], "secret_env": {"K": SECRET}})
+    r = client.post(
+        "/api/v1/tasks", headers=_bearer(admin), json={"queue": "gpu", "command": ["true"], "secret_env": {"K": SECRET}}
+    )
     assert r.status_code == 409 and "secret key" in r.text
     with ctx.sessions() as s:
         assert s.scalars(select(Task)).first() is None
@@ -282,8 +310,11 @@ def test_reseal_moves_every_stored_value_to_the_current_key(ctx: AppContext, con
     client = TestClient(create_app(ctx))
     admin = issue_token(ctx, "admin")
     for queue in ("gpu", "cpu"):
-        r = client.post("/api/v1/tasks", headers=_bearer(admin),
-                        json={"queue": queue, "command": ["true"], "secret_env": {"K": SECRET}})
+        r = client.post(
+            "/api/v1/tasks",
+            headers=_bearer(admin),
+            json={"queue": queue, "command": ["true"], "secret_env": {"K": SECRET}},
+        )
         assert r.status_code == 201
     old = ctx.secret_keys
     assert old is not None

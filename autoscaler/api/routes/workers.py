@@ -164,7 +164,11 @@ def leased_task(session: Session, ctx: AppContext, worker_id: str, task: Task) -
     except SecretUnavailable as exc:
         log.error("task %s: cannot open its secret env, failing it: %s", task.id, exc.message)
         task_ops.finish(
-            session, worker_id, task.id, now=ctx.clock.now(), reason="start_failed",
+            session,
+            worker_id,
+            task.id,
+            now=ctx.clock.now(),
+            reason="start_failed",
             detail=f"secret env cannot be opened: {exc.message}"[:2000],
         )
         return None
