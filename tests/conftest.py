@@ -36,6 +36,14 @@ from tests.pgserver import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 _counter = itertools.count()
+# Agents started as root run tasks as the unprivileged `autoscaler-task` user. Most
+# tests' task commands are this test process's interpreter, which may live where
+# that user cannot reach (a Python under /root), so agents these tests start by any
+# route (local provider, Slurm, static) run tasks as root, explicitly allowed. The
+# tests of the unprivileged path (tests/agent/test_task_user.py) clear these.
+if os.geteuid() == 0:
+    os.environ.setdefault("AUTOSCALER_RUN_AS", "root")
+    os.environ.setdefault("AUTOSCALER_ALLOW_ROOT_TASKS", "1")
 # Agent intervals shrunk so a whole lifecycle takes seconds (agents started by a
 # provider: Slurm jobs, the hybrid end to end); tests/agent keeps its own, finer set.
 FAST_AGENT = [

@@ -15,6 +15,7 @@ agent, which registers again); 1 a one-line error (bad bootstrap, refused join).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from autoscaler import __version__
-from autoscaler.agent import host
+from autoscaler.agent import credentials, host
 from autoscaler.agent.decisions import StopRequest, backoff_s, finish_report, start_failed_report
 from autoscaler.agent.errors import AgentError
 from autoscaler.agent.gpus import GpuSource
@@ -36,6 +37,7 @@ from autoscaler.agent.outbox import Outbox
 from autoscaler.agent.runner import StartFailed, TaskProcess
 from autoscaler.agent.server_api import ServerApi, ServerRefused, ServerUnreachable
 from autoscaler.agent.settings import AgentSettings, task_base_env
+from autoscaler.agent.task_user import TaskUserError, decide
 from autoscaler.agent.wire import Commands, HeartbeatBody, RegisterBody, Registered
 
 log = logging.getLogger("autoscaler.agent")
@@ -81,6 +83,8 @@ class Agent:
         self.max_tasks = max_tasks or max(1, len(self.inventory))
         self.work_root = settings.work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
         self.base_env = task_base_env()
+        self.task_users = decide(settings.run_as, settings.run_as_range, settings.allow_root_tasks)
+        self.state_dir = settings.state_dir or credentials.default_state_dir(os.environ, os.geteuid())
         self.drain_deadline: float | None = None
         self.signals = 0
         self.signals_seen = 0
@@ -100,17 +104,21 @@ class Agent:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        for note in self.task_users.notes:
+            log.warning("%s", note)
+        self._prepare_work_root()
         reg = self._register()
         if reg is None:
             return EXIT_DONE
         self.heartbeat_s = self.t.heartbeat_s or reg.heartbeat_interval_s
         log.info(
-            "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs",
+            "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs; %s",
             reg.worker_id,
             self.s.pool,
             len(self.inventory),
             self.gpus.description,
             self.heartbeat_s,
+            self.task_users.describe(),
         )
         try:
             while True:
@@ -125,10 +133,22 @@ class Agent:
         # Only count here: the loop acts on it, outside the signal handler.
         self.signals += 1
 
+    def _prepare_work_root(self) -> None:
+        """The parent of the tasks' scratch dirs: the agent's own, 0711 (tasks may pass
+        through to their own dir but not list the others)."""
+        root = self.work_root
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            st = root.lstat()
+        except OSError as exc:
+            raise AgentError(f"cannot create the work dir {root}: {exc.strerror or exc}") from None
+        if not root.is_dir() or root.is_symlink() or st.st_uid != os.geteuid():
+            raise AgentError(
+                f"work dir {root} is not a directory owned by the agent (uid {os.geteuid()}); pass --work-dir"
+            )
+        root.chmod(0o711)
+
     def _register(self) -> Registered | None:
-        join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
-        if not join:
-            raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
         instance_id = self.s.instance_id
         if not instance_id:
             instance_id = self.metadata.instance_id() if self.metadata else host.hostname()
@@ -142,6 +162,63 @@ class Agent:
             memory_mb=host.memory_mb(),
             agent_version=__version__,
         )
+        saved = credentials.load_worker(self.state_dir)
+        if saved is not None and not saved.matches(self.s.server_url, self.s.pool, instance_id):
+            saved = None  # another server's, pool's or machine's record: not ours to use
+        join: str | None = None
+        if saved is not None:
+            # A restart of a machine that already joined: come back with the worker's own
+            # token (the join token was removed after the first registration).
+            reg = self._register_with(saved.worker_token, body, worker_token=True)
+            if reg is not None or self.signals:
+                return self._joined(reg, instance_id)
+            credentials.forget_worker(self.state_dir)
+        join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
+        if not join:
+            if saved is not None:
+                raise AgentError(
+                    f"the server refused this machine's saved worker token (worker {saved.worker_id}) and the join "
+                    "token was used up at the first registration; the machine cannot join again (its instance "
+                    "is replaced by the control plane)"
+                )
+            raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
+        reg = self._register_with(join, body, worker_token=False)
+        return self._joined(reg, instance_id)
+
+    def _joined(self, reg: Registered | None, instance_id: str) -> Registered | None:
+        """After a registration: keep the worker token (0600, state dir), drop the join token."""
+        if reg is None:
+            return None
+        try:
+            path = credentials.save_worker(
+                self.state_dir,
+                credentials.WorkerState(
+                    server_url=self.s.server_url,
+                    pool=self.s.pool,
+                    instance_id=instance_id,
+                    worker_id=reg.worker_id,
+                    worker_token=reg.worker_token,
+                ),
+            )
+            log.info("worker token kept in %s (mode 0600)", path)
+        except OSError as exc:
+            log.warning("cannot save the worker token in %s (%s): a restarted agent cannot rejoin", self.state_dir, exc)
+        boot = self.s.bootstrap_path
+        if boot is not None:
+            try:
+                if credentials.drop_join_token(boot):
+                    log.info("removed the join token from %s", boot)
+            except (OSError, ValueError) as exc:
+                log.warning(
+                    "cannot remove the join token from %s (%s): whoever can read that file can read it",
+                    boot,
+                    getattr(exc, "strerror", None) or exc,
+                )
+        return reg
+
+    def _register_with(self, token: str, body: RegisterBody, *, worker_token: bool) -> Registered | None:
+        """Register with `token`, retrying while the server is away. None: stopped by a
+        signal, or (worker_token) the server refused the saved worker token."""
         first = self.clock()
         failures = 0
         while True:
@@ -149,8 +226,11 @@ class Agent:
                 log.info("stopped before registering")
                 return None
             try:
-                return self.api.register(join, body)
+                return self.api.register(token, body)
             except ServerRefused as exc:
+                if worker_token:
+                    log.warning("the server refused the saved worker token (%s); trying the join token", exc.detail)
+                    return None
                 raise AgentError(f"the server at {self.s.server_url} refused registration: {exc.detail}") from None
             except ServerUnreachable as exc:
                 failures += 1
@@ -311,6 +391,7 @@ class Agent:
             return
         log.error("%s; stopping %d task(s) and exiting", why, len(self.tasks))
         self.mode = Mode.GONE
+        credentials.forget_worker(self.state_dir)  # its token is revoked: worthless to keep
         for tp in self.tasks.values():
             tp.request_stop(StopRequest("abandoned", why), now, self.t.kill_grace_s)
 
@@ -347,7 +428,15 @@ class Agent:
                 " ".join(task.command)[:200],
             )
             try:
-                tp = TaskProcess.start(task, self.base_env, self.work_root, now)
+                user = self.task_users.allocate(
+                    [tp.user.uid for tp in self.tasks.values() if tp.user is not None and tp.user.dedicated]
+                )
+            except TaskUserError as exc:
+                log.error("task %s: not started: %s", task.id, exc)
+                self.outbox.finished(task.id, start_failed_report(str(exc)))
+                continue
+            try:
+                tp = TaskProcess.start(task, self.base_env, self.work_root, now, user)
             except StartFailed as exc:
                 log.warning("task %s: %s", task.id, exc)
                 self.outbox.finished(task.id, start_failed_report(str(exc)))
@@ -413,6 +502,7 @@ class Agent:
             )
         try:
             self.api.deregister()
+            credentials.forget_worker(self.state_dir)
             log.info("deregistered")
         except (ServerUnreachable, ServerRefused) as exc:
             if self.mode != Mode.GONE and self.clock() < self._flush_deadline():

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autoscaler.agent.credentials import default_state_dir, load_worker
 from autoscaler.agent.errors import AgentError
+from autoscaler.agent.task_user import TaskUserError, parse_range
 
 DEFAULT_BOOTSTRAP = Path("/etc/autoscaler/agent.json")
 PROVIDERS = ("aws", "gcp", "azure", "local", "slurm", "static")
@@ -54,6 +56,13 @@ class BootstrapFile(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     simulated_gpus: SimulatedGpuSpec | None = None
     metadata_url: str | None = None
+    # Who tasks run as (see autoscaler.agent.task_user): a user name or uid, default
+    # autoscaler-task when the agent is root; a uid range "A-B" for a uid per task;
+    # root tasks only with allow_root_tasks. state_dir holds the worker token file.
+    run_as: str | None = Field(None, max_length=64)
+    run_as_range: str | None = Field(None, max_length=32)
+    allow_root_tasks: bool | None = None
+    state_dir: str | None = Field(None, max_length=4096)
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,11 @@ class AgentSettings:
     timing: Timing = field(default_factory=Timing)
     ignored_keys: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    run_as: str | None = None
+    run_as_range: tuple[int, int] | None = None
+    allow_root_tasks: bool = False
+    state_dir: Path | None = None  # None: credentials.default_state_dir
+    bootstrap_path: Path | None = None  # the file the join token is removed from after joining
 
 
 def read_bootstrap(path: Path) -> tuple[BootstrapFile, tuple[str, ...], tuple[str, ...]]:
@@ -145,6 +159,22 @@ def resolve(
     pool = pick("pool", "AUTOSCALER_POOL")
     provider = pick("provider", "AUTOSCALER_PROVIDER") or "static"
     join_token = pick("join_token", "AUTOSCALER_JOIN_TOKEN")
+    if flags.get("join_token"):
+        warnings = (
+            *warnings,
+            "the join token was given with --join-token, so every process on this machine can read it in "
+            "/proc/PID/cmdline; use AUTOSCALER_JOIN_TOKEN or the bootstrap file",
+        )
+    try:
+        run_as_range = parse_range(pick("run_as_range", "AUTOSCALER_RUN_AS_RANGE"))
+    except TaskUserError as exc:
+        raise AgentError(str(exc)) from None
+    allow_root = flags.get("allow_root_tasks")
+    if not allow_root:
+        env_allow = env.get("AUTOSCALER_ALLOW_ROOT_TASKS", "").strip().lower()
+        allow_root = env_allow in ("1", "true", "yes") or bool(boot.allow_root_tasks)
+    state = pick("state_dir", "AUTOSCALER_STATE_DIR")
+    state_dir = Path(state) if state else default_state_dir(env, os.geteuid())
     missing = [n for n, v in (("--server", server_url), ("--pool", pool)) if not v]
     if missing:
         raise AgentError(
@@ -153,7 +183,9 @@ def resolve(
         )
     if provider not in PROVIDERS:
         raise AgentError(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}")
-    if not join_token and boot.join_token_ref is None:
+    if not join_token and boot.join_token_ref is None and load_worker(state_dir) is None:
+        # After its first registration an agent has no join token any more (it removed
+        # it from the bootstrap file) but its worker record in the state dir.
         raise AgentError(
             "no join token: pass --join-token, set AUTOSCALER_JOIN_TOKEN, or put join_token / "
             "join_token_ref in the bootstrap file (create one with `autoscaler token create --kind join`)"
@@ -174,6 +206,11 @@ def resolve(
         timing=timing,
         ignored_keys=unknown,
         warnings=warnings,
+        run_as=pick("run_as", "AUTOSCALER_RUN_AS"),
+        run_as_range=run_as_range,
+        allow_root_tasks=bool(allow_root),
+        state_dir=state_dir,
+        bootstrap_path=path,
     )
 
 
@@ -189,6 +226,10 @@ def agent_env_names() -> frozenset[str]:
             "AUTOSCALER_METADATA_URL",
             "AUTOSCALER_BOOTSTRAP",
             "AUTOSCALER_TOKEN",
+            "AUTOSCALER_RUN_AS",
+            "AUTOSCALER_RUN_AS_RANGE",
+            "AUTOSCALER_ALLOW_ROOT_TASKS",
+            "AUTOSCALER_STATE_DIR",
         }
     )
 
