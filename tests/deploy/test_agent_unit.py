@@ -50,6 +50,20 @@ def test_stop_signals_only_the_agent_which_drains_within_the_stop_timeout() -> N
     assert float(svc["TimeoutStopSec"]) > timing.drain_deadline_s + timing.kill_grace_s
 
 
+def test_unit_lets_the_agent_drop_its_join_token_and_keeps_its_state_private() -> None:
+    svc = _unit()["Service"]
+    # ProtectSystem=full makes /etc read-only: the agent rewrites its bootstrap file
+    # there once, to remove the join token after joining.
+    assert svc["ProtectSystem"] == "full" and svc["ReadWritePaths"] == "/etc/autoscaler"
+    assert svc["StateDirectory"] == "autoscaler-agent" and svc["StateDirectoryMode"] == "0700"
+    assert "User" not in svc  # root, so it can run tasks as the unprivileged task user
+    assert "autoscaler-imds-guard.service" in _unit()["Unit"]["After"]
+    guard = configparser.ConfigParser(strict=False, interpolation=None)
+    guard.read_string((AGENT_IMAGE / "files" / "autoscaler-imds-guard.service").read_text())
+    assert guard["Install"]["RequiredBy"] == "autoscaler-agent.service"  # no guard, no agent
+    assert guard["Service"]["ExecStart"] in (AGENT_IMAGE / "scripts" / "install-agent.sh").read_text()
+
+
 @pytest.fixture
 def fake_systemctl(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
@@ -83,11 +97,14 @@ def test_finished_drain_powers_off(fake_systemctl: Path, tmp_path: Path) -> None
     assert "poweroff --no-block" in _hook(fake_systemctl, tmp_path, **DRAINED)
 
 
-@pytest.mark.parametrize("env", [
-    {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"},  # crash: restart instead
-    {"SERVICE_RESULT": "success", "EXIT_CODE": "killed", "EXIT_STATUS": "TERM"},  # stopped by a signal
-    {"SERVICE_RESULT": "signal", "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "1"},  # crash: restart instead
+        {"SERVICE_RESULT": "success", "EXIT_CODE": "killed", "EXIT_STATUS": "TERM"},  # stopped by a signal
+        {"SERVICE_RESULT": "signal", "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"},
+    ],
+)
 def test_other_exits_leave_the_machine_up(fake_systemctl: Path, tmp_path: Path, env: dict[str, str]) -> None:
     assert not any("poweroff" in c for c in _hook(fake_systemctl, tmp_path, **env))
 
