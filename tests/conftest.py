@@ -13,6 +13,7 @@ import itertools
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +45,9 @@ _counter = itertools.count()
 if os.geteuid() == 0:
     os.environ.setdefault("AUTOSCALER_RUN_AS", "root")
     os.environ.setdefault("AUTOSCALER_ALLOW_ROOT_TASKS", "1")
+# Agents keep their worker token in a state dir; root's default is /var/lib/autoscaler-agent.
+# Tests' agents keep theirs in a throwaway one.
+os.environ.setdefault("AUTOSCALER_STATE_DIR", tempfile.mkdtemp(prefix="autoscaler-test-agent-state-"))
 # Agent intervals shrunk so a whole lifecycle takes seconds (agents started by a
 # provider: Slurm jobs, the hybrid end to end); tests/agent keeps its own, finer set.
 FAST_AGENT = [
