@@ -8,8 +8,9 @@ reports wait in the outbox. SIGTERM (or SIGINT) starts a drain with the configur
 deadline; a second one moves the deadline to now.
 
 Exit codes: 0 drained or preempted and deregistered (the image may power off);
-2 the server declared this worker gone (the service manager should restart the
-agent, which registers again); 1 a one-line error (bad bootstrap, refused join).
+2 the server declared this worker gone (its token is revoked and the join token
+was removed after joining, so a restarted agent cannot come back: the control plane
+replaces the machine); 1 a one-line error (bad bootstrap, refused join).
 """
 
 from __future__ import annotations
