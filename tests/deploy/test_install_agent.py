@@ -61,6 +61,7 @@ echo "staging_left=$(test -e /tmp/autoscaler-agent && echo yes || echo no)"
 /usr/local/libexec/autoscaler/autoscaler-imds-guard 2>&1 | sed 's/^/guard: /'
 /usr/local/libexec/autoscaler/autoscaler-imds-guard >/dev/null 2>&1  # twice: idempotent
 echo "rules=$(iptables -S OUTPUT | grep -c autoscaler-imds-guard)"
+echo "forward_rules=$(iptables -S FORWARD | grep -c autoscaler-imds-guard) $(iptables -S DOCKER-USER | grep -c autoscaler-imds-guard) $(iptables -S FORWARD | grep -c -- '-j DOCKER-USER')"
 ip addr add 169.254.169.254/32 dev lo
 python3 -c '
 import socket, sys
@@ -193,5 +194,6 @@ def test_install_script_creates_the_unprivileged_task_user(installed: dict[str, 
 def test_metadata_guard_lets_only_the_agent_reach_imds(installed: dict[str, list[str]]) -> None:
     raw = installed["_raw"][0]
     assert installed["rules"] == ["3"], raw  # IMDS (tcp, other) + Azure WireServer, once each
+    assert installed["forward_rules"] == ["1 1 1"], raw  # containers: FORWARD and DOCKER-USER, once each
     assert installed["root_imds"] == ["user-data"], raw  # the agent (root) still reaches it
     assert "refused" in installed["task_imds"][0].lower(), raw  # a task gets a REJECT
