@@ -135,8 +135,8 @@ class Agent:
         self.signals += 1
 
     def _prepare_work_root(self) -> None:
-        """The parent of the tasks' scratch dirs: the agent's own, 0711 (tasks may pass
-        through to their own dir but not list the others)."""
+        """The parent of the tasks' scratch dirs: the agent's own; 0711 when tasks run as
+        another user (they may pass through to their own dir but not list the others)."""
         root = self.work_root
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,9 @@ class Agent:
             raise AgentError(
                 f"work dir {root} is not a directory owned by the agent (uid {os.geteuid()}); pass --work-dir"
             )
-        root.chmod(0o711)
+        base = self.task_users.base
+        if base is not None and base.switch:
+            root.chmod(0o711)
 
     def _register(self) -> Registered | None:
         instance_id = self.s.instance_id
