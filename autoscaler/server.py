@@ -208,8 +208,14 @@ def serve(
                 os.environ["AUTOSCALER_CONFIG"] = str(config_path)
             if config.database_url:
                 os.environ["AUTOSCALER_DATABASE_URL"] = config.database_url
-            uvicorn.run("autoscaler.server:app_from_env", factory=True, workers=workers,
-                        host=config.server.host, port=config.server.port, log_level="warning")
+            uvicorn.run(
+                "autoscaler.server:app_from_env",
+                factory=True,
+                workers=workers,
+                host=config.server.host,
+                port=config.server.port,
+                log_level="warning",
+            )
         else:
             server = GracefulServer(
                 uvicorn.Config(

@@ -101,10 +101,11 @@ class Agent:
     async def heartbeats(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         await asyncio.sleep(random.uniform(0, self.args.heartbeat_s))
         while not stop.is_set():
-            body = {"running": [self.running] if self.running else [],
-                    "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}]}
-            await self.rec.call(client, "heartbeat", "POST", f"{self.base}/heartbeat", json=body,
-                                headers=self.headers)
+            body = {
+                "running": [self.running] if self.running else [],
+                "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}],
+            }
+            await self.rec.call(client, "heartbeat", "POST", f"{self.base}/heartbeat", json=body, headers=self.headers)
             await asyncio.sleep(self.args.heartbeat_s)
 
     async def work(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
@@ -123,10 +124,17 @@ class Agent:
             await self.rec.call(client, "start", "POST", f"{self.base}/tasks/{tid}/start", headers=self.headers)
             await asyncio.sleep(self.args.task_s * random.uniform(0.5, 1.5))
             chunk = {"chunks": [{"stream": "stdout", "data": f"step done by agent {self.n}\n" * 32}]}
-            await self.rec.call(client, "logs", "POST", f"{self.base}/tasks/{tid}/logs", json=chunk,
-                                headers=self.headers)
-            done = await self.rec.call(client, "finish", "POST", f"{self.base}/tasks/{tid}/finish",
-                                       json={"reason": "exit", "exit_code": 0}, headers=self.headers)
+            await self.rec.call(
+                client, "logs", "POST", f"{self.base}/tasks/{tid}/logs", json=chunk, headers=self.headers
+            )
+            done = await self.rec.call(
+                client,
+                "finish",
+                "POST",
+                f"{self.base}/tasks/{tid}/finish",
+                json={"reason": "exit", "exit_code": 0},
+                headers=self.headers,
+            )
             self.running = None
             if done is not None:
                 self.rec.completed_total += 1
@@ -134,8 +142,15 @@ class Agent:
                     self.rec.current.completions += 1
 
 
-async def producer(client: httpx.AsyncClient, headers: dict[str, str], rate: float, rec: Recorder,
-                   stop: asyncio.Event, max_backlog: int, agents: list[Agent]) -> None:
+async def producer(
+    client: httpx.AsyncClient,
+    headers: dict[str, str],
+    rate: float,
+    rec: Recorder,
+    stop: asyncio.Event,
+    max_backlog: int,
+    agents: list[Agent],
+) -> None:
     """Enqueue at `rate`/s, but keep at most `max_backlog` tasks waiting so a slow
     server is measured, not buried under an ever-growing queue."""
     interval = 1.0 / rate
@@ -143,8 +158,14 @@ async def producer(client: httpx.AsyncClient, headers: dict[str, str], rate: flo
     while not stop.is_set():
         busy = sum(1 for a in agents if a.running)
         if rec.enqueued_total - rec.completed_total - busy < max_backlog:
-            r = await rec.call(client, "enqueue", "POST", "/api/v1/tasks", headers=headers,
-                               json={"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1})
+            r = await rec.call(
+                client,
+                "enqueue",
+                "POST",
+                "/api/v1/tasks",
+                headers=headers,
+                json={"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1},
+            )
             if r is not None:
                 rec.enqueued_total += 1
                 if rec.current is not None:
@@ -175,9 +196,17 @@ async def register(client: httpx.AsyncClient, admin: dict[str, str], count: int,
         async with sem:
             j = await client.post("/api/v1/tokens", headers=admin, json={"kind": "join", "pool": "gpu"})
             j.raise_for_status()
-            r = await client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {j.json()['token']}"},
-                                  json={"hostname": f"sim-{i}", "instance_id": f"i-sim-{i}", "provider": "fake",
-                                        "pool": "gpu", "gpus": [{"index": 0, "model": "A10G", "simulated": True}]})
+            r = await client.post(
+                "/api/v1/workers/register",
+                headers={"Authorization": f"Bearer {j.json()['token']}"},
+                json={
+                    "hostname": f"sim-{i}",
+                    "instance_id": f"i-sim-{i}",
+                    "provider": "fake",
+                    "pool": "gpu",
+                    "gpus": [{"index": 0, "model": "A10G", "simulated": True}],
+                },
+            )
             r.raise_for_status()
             return r.json()["worker_id"], r.json()["worker_token"]
 
@@ -198,8 +227,9 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
         stop = asyncio.Event()
         agents: list[Agent] = []
         loops: list[asyncio.Task[None]] = [asyncio.create_task(lag_probe(rec, stop))]
-        loops.append(asyncio.create_task(
-            producer(client, team_headers, args.task_rate, rec, stop, args.max_backlog, agents)))
+        loops.append(
+            asyncio.create_task(producer(client, team_headers, args.task_rate, rec, stop, args.max_backlog, agents))
+        )
         for target in steps:
             t_reg = time.perf_counter()
             new = await register(client, admin, target - len(agents), len(agents))
@@ -230,8 +260,15 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
                 "errors": sum(stats.errors.values()),
                 "client_loop_lag_p99_ms": round(pct(stats.loop_lag, 0.99), 1),
                 "registration_s": round(reg_s, 1),
-                "per_endpoint": {k: {"n": len(v), "p50_ms": round(pct(v, 0.5), 1), "p99_ms": round(pct(v, 0.99), 1),
-                                     "errors": stats.errors.get(k, 0)} for k, v in sorted(stats.latencies.items())},
+                "per_endpoint": {
+                    k: {
+                        "n": len(v),
+                        "p50_ms": round(pct(v, 0.5), 1),
+                        "p99_ms": round(pct(v, 0.99), 1),
+                        "errors": stats.errors.get(k, 0),
+                    }
+                    for k, v in sorted(stats.latencies.items())
+                },
                 "error_samples": stats.error_samples,
             }
             results.append(row)
@@ -252,8 +289,23 @@ def start_server(db_url: str, home: Path, port: int, workers: int = 1) -> subpro
     log = open(home / "server.log", "wb")  # noqa: SIM115 - closed with the process
     env = {**os.environ, "AUTOSCALER_HOME": str(home)}
     return subprocess.Popen(
-        [sys.executable, "-m", "autoscaler", "server", "--config", str(cfg), "--home", str(home),
-         "--port", str(port), *(["--workers", str(workers)] if workers > 1 else [])], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "autoscaler",
+            "server",
+            "--config",
+            str(cfg),
+            "--home",
+            str(home),
+            "--port",
+            str(port),
+            *(["--workers", str(workers)] if workers > 1 else []),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
     )
 
 
@@ -272,11 +324,15 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], home: Path, timeout_s:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| agents | req/s | completions/s | p50 ms | p99 ms | errors | client loop lag p99 ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| agents | req/s | completions/s | p50 ms | p99 ms | errors | client loop lag p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['agents']} | {r['rps']} | {r['completions_per_s']} | {r['p50_ms']} | {r['p99_ms']} | "
-                     f"{r['errors']} | {r['client_loop_lag_p99_ms']} |")
+        lines.append(
+            f"| {r['agents']} | {r['rps']} | {r['completions_per_s']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['errors']} | {r['client_loop_lag_p99_ms']} |"
+        )
     return "\n".join(lines)
 
 
@@ -290,8 +346,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--max-backlog", type=int, default=400, help="most tasks waiting at once")
     p.add_argument("--heartbeat-s", type=float, default=10.0)
     p.add_argument("--lease-s", type=float, default=2.0, help="lease poll interval while idle (the agent's)")
-    p.add_argument("--lease-max-s", type=float, default=5.0,
-                   help="idle back-off cap after empty leases (the agent's: 2.5 x lease-s)")
+    p.add_argument(
+        "--lease-max-s",
+        type=float,
+        default=5.0,
+        help="idle back-off cap after empty leases (the agent's: 2.5 x lease-s)",
+    )
     p.add_argument("--workers", type=int, default=1, help="API processes (`autoscaler server --workers`)")
     p.add_argument("--connections", type=int, default=200)
     p.add_argument("--timeout-s", type=float, default=10.0)

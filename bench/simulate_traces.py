@@ -51,7 +51,8 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=float, default=None, help="minutes; 0 = only when told to stop")
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument(
-        "--spot-only", action="store_true",
+        "--spot-only",
+        action="store_true",
         help="what-if: the shipped policies with the default team spot-only, i.e. every trace team "
         "(reclaimed work stays on spot)",
     )

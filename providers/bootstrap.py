@@ -65,13 +65,9 @@ class BootstrapSpec:
     def validate(self) -> None:
         url = urlparse(self.server_url)
         if url.scheme not in ("http", "https") or not url.netloc:
-            raise BootstrapError(
-                f"server_url {self.server_url!r} is not an http(s) URL: set server.public_url"
-            )
+            raise BootstrapError(f"server_url {self.server_url!r} is not an http(s) URL: set server.public_url")
         if self.provider not in _PROVIDERS:
-            raise BootstrapError(
-                f"unknown provider {self.provider!r}; expected one of {', '.join(_PROVIDERS)}"
-            )
+            raise BootstrapError(f"unknown provider {self.provider!r}; expected one of {', '.join(_PROVIDERS)}")
         if (self.join_token is None) == (self.join_token_ref is None):
             raise BootstrapError("give exactly one of join_token and join_token_ref")
         if self.join_token is not None and not self.join_token.startswith(JOIN_TOKEN_PREFIX):
@@ -81,8 +77,7 @@ class BootstrapSpec:
             )
         if self.join_token_ref is not None and self.join_token_ref.kind not in _SECRET_KINDS:
             raise BootstrapError(
-                f"unknown join_token_ref kind {self.join_token_ref.kind!r}; "
-                f"expected one of {', '.join(_SECRET_KINDS)}"
+                f"unknown join_token_ref kind {self.join_token_ref.kind!r}; expected one of {', '.join(_SECRET_KINDS)}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,9 +87,7 @@ class BootstrapSpec:
             "pool": self.pool,
             "provider": self.provider,
             "join_token": self.join_token,
-            "join_token_ref": (
-                {"kind": ref.kind, "name": ref.name} if ref else None
-            ),
+            "join_token_ref": ({"kind": ref.kind, "name": ref.name} if ref else None),
             "instance_id": self.instance_id,
             "labels": dict(self.labels),
             "simulated_gpus": dict(self.simulated_gpus) if self.simulated_gpus is not None else None,
@@ -120,9 +113,7 @@ def render_user_data(spec: BootstrapSpec, *, template: Path | None = None) -> st
         raise BootstrapError(f"cloud-init template {path} has an unknown placeholder: {exc}") from None
     size = len(rendered.encode())
     if size > MAX_USER_DATA_BYTES:
-        raise BootstrapError(
-            f"user-data is {size} bytes, over the {MAX_USER_DATA_BYTES}-byte limit: trim the labels"
-        )
+        raise BootstrapError(f"user-data is {size} bytes, over the {MAX_USER_DATA_BYTES}-byte limit: trim the labels")
     return rendered
 
 
@@ -142,9 +133,7 @@ def parse_user_data(text: str) -> dict[str, Any]:
             if not isinstance(data, dict):
                 raise BootstrapError(f"{AGENT_FILE} in user-data is not a JSON object")
             return data
-    raise BootstrapError(
-        f"user-data writes no {AGENT_FILE}: render it with providers.bootstrap.render_user_data"
-    )
+    raise BootstrapError(f"user-data writes no {AGENT_FILE}: render it with providers.bootstrap.render_user_data")
 
 
 def file_mode(text: str) -> str | None:

@@ -72,8 +72,17 @@ class PostgresServer:
         """Stop and start again on the same port (for fault-injection tests)."""
         # `-l` as in start(): without it the new postmaster inherits our captured stdout
         # pipe and subprocess.run() waits for an EOF that never comes.
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-l", str(self.dir / "log"),
-                  "-w", "restart")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-m",
+            "fast",
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "restart",
+        )
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):

@@ -28,9 +28,7 @@ def test_json_lines_carry_ids_from_extra_and_context(
         with log_context(decision_id=42, instance_id="i-1"):
             log.info("launched %s", "g.1", extra={"task_id": "t-9", "worker_id": "w-3"})
         doc = _line(log, capsys)
-        assert (
-            doc["message"] == "launched g.1" and doc["level"] == "info" and doc["logger"] == "autoscaler.test"
-        )
+        assert doc["message"] == "launched g.1" and doc["level"] == "info" and doc["logger"] == "autoscaler.test"
         assert (doc["decision_id"], doc["instance_id"], doc["task_id"], doc["worker_id"]) == (
             42,
             "i-1",

@@ -121,8 +121,7 @@ def test_team_token_sees_only_its_team(live_server: LiveServer, admin_token: str
     assert "nlp" not in labels
     assert not any(name.startswith("autoscaler_instances") for name, _ in mine)
     assert not any(
-        name.startswith(("autoscaler_reconcile", "autoscaler_provider", "autoscaler_workers"))
-        for name, _ in mine
+        name.startswith(("autoscaler_reconcile", "autoscaler_provider", "autoscaler_workers")) for name, _ in mine
     )
     assert value(scrape(url, admin_token), "autoscaler_queue_depth", queue="gpu") == 3
 

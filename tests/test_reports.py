@@ -26,12 +26,8 @@ _register()
 def _ledger_rows(live_server: LiveServer) -> None:
     ctx = live_server.ctx
     add_spend(ctx, team="vision", start=datetime(2026, 2, 27, tzinfo=UTC), hours=5, price=3.0)  # February
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a"
-    )
-    add_spend(
-        ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b"
-    )
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 2, tzinfo=UTC), hours=10, price=1.25, instance_id="i-a")
+    add_spend(ctx, team="vision", start=datetime(2026, 3, 5, tzinfo=UTC), hours=2.5, price=0.4, instance_id="i-b")
     add_spend(
         ctx,
         team="nlp",
@@ -64,10 +60,7 @@ def test_focus_csv_round_trips_and_sums_to_the_ledger(live_server: LiveServer, a
     assert len(rows) == 3
     assert total(rows) == 12.5 + 1.0 + 14.0 == _ledger_total(live_server)
     by_resource = {r["ResourceId"]: r for r in rows}
-    assert (
-        by_resource["i-c"]["PricingCategory"] == "Standard"
-        and by_resource["i-a"]["PricingCategory"] == "Dynamic"
-    )
+    assert by_resource["i-c"]["PricingCategory"] == "Standard" and by_resource["i-a"]["PricingCategory"] == "Dynamic"
     assert by_resource["i-a"]["ConsumedQuantity"] == 10.0 and by_resource["i-a"]["ListUnitPrice"] == 1.25
     assert by_resource["i-a"]["ChargePeriodStart"] == "2026-03-02T00:00:00+00:00"
     assert by_resource["i-a"]["ChargePeriodEnd"] == "2026-03-02T10:00:00+00:00"
@@ -91,9 +84,7 @@ def test_team_token_exports_only_its_team(live_server: LiveServer) -> None:
 
 def test_segment_straddling_months_is_prorated(live_server: LiveServer) -> None:
     # 10 h from Mar 31 20:00 to Apr 1 06:00: 4 h in March, 6 h in April.
-    add_spend(
-        live_server.ctx, team="vision", start=datetime(2026, 3, 31, 20, tzinfo=UTC), hours=10, price=1.0
-    )
+    add_spend(live_server.ctx, team="vision", start=datetime(2026, 3, 31, 20, tzinfo=UTC), hours=10, price=1.0)
     with transaction(live_server.ctx.sessions) as s:
         march = spend_lines(s, *month_bounds("2026-03"))
         april = spend_lines(s, *month_bounds("2026-04"))

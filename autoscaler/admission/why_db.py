@@ -29,7 +29,11 @@ def _typical_boot_s(session: Session, pool: str) -> float | None:
         .order_by(Instance.ready_at.desc())
         .limit(BOOT_HISTORY)
     ).all()
-    spans = [(ready - start).total_seconds() for start, ready in rows if start is not None and ready is not None and ready >= start]
+    spans = [
+        (ready - start).total_seconds()
+        for start, ready in rows
+        if start is not None and ready is not None and ready >= start
+    ]
     return statistics.median(spans) if spans else None
 
 

@@ -125,8 +125,13 @@ class BodyGuard:
 
 async def _send_error(send: Send, status: int, message: str) -> None:
     payload = json.dumps({"detail": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -162,8 +167,11 @@ def create_app(ctx: AppContext) -> FastAPI:
         if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
             first_line = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
             log.warning("database unavailable during %s %s: %s", request.method, request.url.path, first_line)
-            return JSONResponse({"detail": "the database is unavailable; retry in a few seconds"},
-                                status_code=503, headers={"Retry-After": "2"})
+            return JSONResponse(
+                {"detail": "the database is unavailable; retry in a few seconds"},
+                status_code=503,
+                headers={"Retry-After": "2"},
+            )
         return await unexpected(request, exc)
 
     @app.exception_handler(Exception)

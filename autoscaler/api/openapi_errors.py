@@ -24,7 +24,7 @@ _ERROR_RESPONSE = {"content": {"application/json": {"schema": {"$ref": "#/compon
 _DOCUMENTED = {
     "422": "Invalid request: every offending field is named.",
     "4XX": "Client error: missing or bad token (401), not allowed (403), not found (404), conflict (409), "
-           "body too large (413), too many failed authentications (429).",
+    "body too large (413), too many failed authentications (429).",
     "503": "The database is unavailable; retry with backoff.",
 }
 

@@ -142,9 +142,7 @@ class PrincipalCache:
                 del self._entries[digest]
 
 
-def resolve_cached(
-    session: Session, plaintext: str, now: datetime, cache: PrincipalCache
-) -> Principal:
+def resolve_cached(session: Session, plaintext: str, now: datetime, cache: PrincipalCache) -> Principal:
     """`resolve`, answered from `cache` when the digest was resolved within its TTL."""
     digest = hash_token(plaintext)
     hit = cache.get(digest, now)

@@ -82,9 +82,7 @@ def test_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
 @policy_app.command("eval")
 def eval_cmd(
     input_file: Annotated[Path, typer.Option("--input", help="Policy input, JSON or YAML.")],
-    directory: Annotated[
-        Path | None, typer.Option("--dir", help="Policy directory; default: the shipped one.")
-    ] = None,
+    directory: Annotated[Path | None, typer.Option("--dir", help="Policy directory; default: the shipped one.")] = None,
     package: PackageOpt = "autoscaler",
 ) -> None:
     """Print the decision the policies give for one input."""
@@ -95,9 +93,7 @@ def eval_cmd(
     except yaml.YAMLError as exc:
         raise InvalidInput(f"{input_file}: not valid JSON or YAML: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
-        raise InvalidInput(
-            f"{input_file}: the input must be a mapping (see docs/schemas/policy-input.v1.json)"
-        )
+        raise InvalidInput(f"{input_file}: the input must be a mapping (see docs/schemas/policy-input.v1.json)")
     policy_input = complete_input(raw)
     _, engine = _engine(directory or shipped_policy_dir(), package, with_cases=False)
     problems = engine.compile()
@@ -118,9 +114,7 @@ def eval_cmd(
 
 @policy_app.command("schema")
 def schema_cmd(
-    out_dir: Annotated[Path, typer.Option("--out", help="Write the JSON Schemas here.")] = Path(
-        "docs/schemas"
-    ),
+    out_dir: Annotated[Path, typer.Option("--out", help="Write the JSON Schemas here.")] = Path("docs/schemas"),
 ) -> None:
     """Export the JSON Schemas of the policy input and decision."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -64,8 +64,7 @@ def server(
     configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     check_workers(cfg, home_dir, workers)  # before migrating anything
-    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers,
-          config_path=config or Settings().config)
+    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers, config_path=config or Settings().config)
 
 
 @app.command()

@@ -18,13 +18,29 @@ from autoscaler.errors import InvalidInput
 @app.command()
 def simulate(
     workload: Annotated[str, typer.Option("--workload", help="KIND:PATH; KIND is philly, alibaba or synthetic.")],
-    config: Annotated[Path | None, typer.Option("--config", help="Autoscaler YAML (default: one AWS V100 pool priced from the shared catalog).")] = None,
-    policy: Annotated[Path | None, typer.Option("--policy", help="Policy directory (default: the shipped policies).")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Autoscaler YAML (default: one AWS V100 pool priced from the shared catalog)."),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="Policy directory (default: the shipped policies).")
+    ] = None,
     days: Annotated[float | None, typer.Option("--days", help="Keep the tasks arriving in the first D days.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for boot delays and spot reclaims.")] = 0,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.json, report.md and PNGs.")] = Path("sim-out"),
-    preemption_rate: Annotated[float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")] = 0.24,
-    checkpoint_every: Annotated[float | None, typer.Option("--checkpoint-every", min=0, help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.json, report.md and PNGs.")] = Path(
+        "sim-out"
+    ),
+    preemption_rate: Annotated[
+        float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")
+    ] = 0.24,
+    checkpoint_every: Annotated[
+        float | None,
+        typer.Option(
+            "--checkpoint-every",
+            min=0,
+            help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
@@ -50,8 +66,11 @@ def simulate(
     checkpoint_s = None if checkpoint_every is None else checkpoint_every * 60.0
     settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate, checkpoint_every_s=checkpoint_s)
     with Progress(
-        TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(), transient=True,
+        TextColumn("[bold]simulating[/bold] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        transient=True,
     ) as bar:
         job = bar.add_task(escape(wl.name), total=1.0)  # a file name is not markup
 

@@ -30,9 +30,7 @@ def _spend_table(report: dict[str, Any]) -> Table:
         key = (row["x_Team"], row["x_Pool"], row["SkuId"], row["x_CapacityType"])
         groups[key][0] += float(row["ConsumedQuantity"])
         groups[key][1] += float(row["BilledCost"])
-    table = Table(
-        title=f"Spend {report['month']}" + (f" · team {report['team']}" if report.get("team") else "")
-    )
+    table = Table(title=f"Spend {report['month']}" + (f" · team {report['team']}" if report.get("team") else ""))
     for col, justify in (
         ("team", "left"),
         ("pool", "left"),
@@ -52,9 +50,7 @@ def _spend_table(report: dict[str, Any]) -> Table:
 @app.command()
 def spend(
     month: Annotated[str | None, typer.Option("--month", help="YYYY-MM (default: this month, UTC).")] = None,
-    format: Annotated[
-        Format, typer.Option("--format", "-f", help="table, json or csv (FOCUS columns).")
-    ] = "table",
+    format: Annotated[Format, typer.Option("--format", "-f", help="table, json or csv (FOCUS columns).")] = "table",
     team: Annotated[str | None, typer.Option("--team", help="Admins: one team only.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
     server: ServerOpt = None,

@@ -77,9 +77,7 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
     yield instances
     if team is not None:
         return  # workers carry no team; shared machines are the operators' view
-    workers = GaugeMetricFamily(
-        "autoscaler_workers", "Live workers by pool and state.", labels=["pool", "state"]
-    )
+    workers = GaugeMetricFamily("autoscaler_workers", "Live workers by pool and state.", labels=["pool", "state"])
     for pool, state, n in session.execute(
         select(Worker.pool, Worker.state, func.count())
         .where(Worker.state.in_(LIVE_WORKER_STATES))
@@ -111,18 +109,14 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
 
 
 def _spend_families(spend: Iterable[TeamSpend]) -> Iterator[Metric]:
-    mtd = GaugeMetricFamily(
-        "autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"]
-    )
+    mtd = GaugeMetricFamily("autoscaler_team_spend_usd", "Month-to-date spend per team (USD).", labels=["team"])
     burn = GaugeMetricFamily(
         "autoscaler_team_burn_usd_per_hour", "Hourly price of the team's live capacity.", labels=["team"]
     )
     forecast = GaugeMetricFamily(
         "autoscaler_team_spend_forecast_usd", "Month-end spend forecast per team (USD).", labels=["team"]
     )
-    budget = GaugeMetricFamily(
-        "autoscaler_team_budget_usd", "Monthly budget per team (USD).", labels=["team"]
-    )
+    budget = GaugeMetricFamily("autoscaler_team_budget_usd", "Monthly budget per team (USD).", labels=["team"])
     ratio = GaugeMetricFamily(
         "autoscaler_team_budget_ratio",
         "Month-to-date spend over monthly budget (1 = all spent).",
@@ -152,9 +146,7 @@ class SnapshotCollector(Collector):
         return self._families
 
 
-def snapshot_families(
-    session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None
-) -> list[Metric]:
+def snapshot_families(session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None) -> list[Metric]:
     return [
         *_queue_families(session, now, team),
         *_task_families(session, team),

@@ -64,8 +64,16 @@ class AgentOps:
         self.sessions = sessions
 
     def register(
-        self, *, now: datetime, instance_id: str, provider_instance_id: str, pool: str, provider: str,
-        gpus: int, gpu_type: str | None, price_per_gpu_h: float,
+        self,
+        *,
+        now: datetime,
+        instance_id: str,
+        provider_instance_id: str,
+        pool: str,
+        provider: str,
+        gpus: int,
+        gpu_type: str | None,
+        price_per_gpu_h: float,
     ) -> SimAgent:
         with transaction(self.sessions) as s:
             _, join = create_token(s, kind="join", now=now, pool=pool)
@@ -95,9 +103,7 @@ class AgentOps:
         run = agent.running.pop(task_id)
         with transaction(self.sessions) as s:
             if interrupted:
-                task = task_ops.finish(
-                    s, agent.worker_id, task_id, now=now, reason="interrupted", detail=interrupted
-                )
+                task = task_ops.finish(s, agent.worker_id, task_id, now=now, reason="interrupted", detail=interrupted)
             else:
                 task = task_ops.finish(s, agent.worker_id, task_id, now=now, reason="exit", exit_code=0)
             state = task.state
@@ -116,6 +122,4 @@ class AgentOps:
     def heartbeat_all(self, *, now: datetime) -> None:
         """Every live simulated agent heartbeats (one statement, not one call per worker)."""
         with transaction(self.sessions) as s:
-            s.execute(
-                update(Worker).where(Worker.state.in_(worker_ops.LIVE_STATES)).values(last_heartbeat=now)
-            )
+            s.execute(update(Worker).where(Worker.state.in_(worker_ops.LIVE_STATES)).values(last_heartbeat=now))

@@ -130,8 +130,14 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
     first = min((t.arrival_s for t in workload.tasks), default=0.0)
     push(first, "poll", 0)
     used_gpu_s = lost_usd = 0.0
-    counts = {"launches": 0, "spot_launches": 0, "on_demand_launches": 0, "fallbacks": 0,
-              "preemptions": 0, "lost_tasks_resubmitted": 0}
+    counts = {
+        "launches": 0,
+        "spot_launches": 0,
+        "on_demand_launches": 0,
+        "fallbacks": 0,
+        "preemptions": 0,
+        "lost_tasks_resubmitted": 0,
+    }
     pending_jobs = len(jobs)
     now = 0.0
 
@@ -202,7 +208,12 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
         elif kind == "poll":
             live[:] = [w for w in live if w.end is None]
             for w in live:
-                if w.end is None and w.task is None and w.idle_since is not None and now - w.idle_since >= CLEARML_IDLE_S:
+                if (
+                    w.end is None
+                    and w.task is None
+                    and w.idle_since is not None
+                    and now - w.idle_since >= CLEARML_IDLE_S
+                ):
                     w.charge(now)
                     w.end = now
             for g, q in queues.items():
@@ -233,15 +244,18 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
             team_costs[team] += usd
         spans.append(Span(w.team, w.offering.gpus, w.offering.hourly_price, w.launched, end, w.ready))
     results = [TaskResult(j.trace.team, j.wait_s, j.done, j.started, _work(j.trace)) for j in jobs]
-    return summarize(results, spans, used_gpu_s=used_gpu_s, lost_usd=lost_usd, counts=counts,
-                     team_costs=dict(team_costs))
+    return summarize(
+        results, spans, used_gpu_s=used_gpu_s, lost_usd=lost_usd, counts=counts, team_costs=dict(team_costs)
+    )
 
 
 def peak_gpus(workload: Workload) -> int:
     """Most GPUs asked for at once if every task started on arrival."""
-    events = sorted([(t.arrival_s, t.gpus) for t in workload.tasks]
-                    + [(t.arrival_s + t.duration_s, -t.gpus) for t in workload.tasks],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t.arrival_s, t.gpus) for t in workload.tasks]
+        + [(t.arrival_s + t.duration_s, -t.gpus) for t in workload.tasks],
+        key=lambda e: (e[0], e[1]),
+    )
     cur = peak = 0
     for _, d in events:
         cur += d
@@ -294,9 +308,19 @@ def static_fleet(workload: Workload, config: AutoscalerConfig) -> dict[str, Any]
     used = sum(gpu_s_by_team.values()) or 1.0
     team_costs = {team: total_cost * g / used for team, g in gpu_s_by_team.items()}
     final = [r for r in results if r is not None]
-    report = summarize(final, spans, used_gpu_s=sum(gpu_s_by_team.values()), lost_usd=0.0,
-                       counts={"launches": n_nodes, "spot_launches": 0, "on_demand_launches": n_nodes,
-                               "fallbacks": 0, "preemptions": 0},
-                       team_costs=team_costs)
+    report = summarize(
+        final,
+        spans,
+        used_gpu_s=sum(gpu_s_by_team.values()),
+        lost_usd=0.0,
+        counts={
+            "launches": n_nodes,
+            "spot_launches": 0,
+            "on_demand_launches": n_nodes,
+            "fallbacks": 0,
+            "preemptions": 0,
+        },
+        team_costs=team_costs,
+    )
     report["fleet"] = {"instance_type": node.instance_type, "instances": n_nodes, "peak_gpus": peak_gpus(workload)}
     return report

@@ -93,7 +93,10 @@ def ours(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
             wait += outcome.end_s - tr.queued_since  # still waiting when the run stopped
         task_results.append(
             TaskResult(
-                tr.trace.team, wait, tr.state == "succeeded", tr.started_s is not None,
+                tr.trace.team,
+                wait,
+                tr.state == "succeeded",
+                tr.started_s is not None,
                 tr.trace.gpus * tr.trace.duration_s,
             )
         )

@@ -68,8 +68,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
         )
-    lines += ["", "## Teams (ours)", "", "| team | cost USD | wait p95 | max % of budget | frozen | GPU share | weight share |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Teams (ours)",
+        "",
+        "| team | cost USD | wait p95 | max % of budget | frozen | GPU share | weight share |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for team, t in sorted(report["teams"].items()):
         b = t.get("budget") or {}
         fs = t.get("fair_share") or {}

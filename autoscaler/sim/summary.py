@@ -65,8 +65,9 @@ def summarize(
     span_list = list(spans)
     total = sum(s.cost for s in span_list)
     gpu_s = sum(s.gpus * max(s.end_s - s.start_s, 0.0) for s in span_list)
-    boot_s = sum(s.gpus * max(min(s.ready_s if s.ready_s is not None else s.end_s, s.end_s) - s.start_s, 0.0)
-                 for s in span_list)
+    boot_s = sum(
+        s.gpus * max(min(s.ready_s if s.ready_s is not None else s.end_s, s.end_s) - s.start_s, 0.0) for s in span_list
+    )
     by_team_cost: dict[str, float] = defaultdict(float)
     if team_costs is not None:
         by_team_cost.update(team_costs)

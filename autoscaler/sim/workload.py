@@ -76,9 +76,7 @@ def load_workload(spec: str, *, seed: int = 0) -> Workload:
     """`KIND:PATH` -> Workload, or a one-line InvalidInput."""
     kind, sep, arg = spec.partition(":")
     if not sep or kind not in KINDS:
-        raise InvalidInput(
-            f"--workload {spec!r}: expected KIND:PATH with KIND one of {', '.join(KINDS)}"
-        )
+        raise InvalidInput(f"--workload {spec!r}: expected KIND:PATH with KIND one of {', '.join(KINDS)}")
     loader: Callable[[str, int], Workload]
     if kind == "synthetic":
         from autoscaler.sim.synthetic import from_spec
@@ -87,7 +85,9 @@ def load_workload(spec: str, *, seed: int = 0) -> Workload:
     else:
         path = Path(arg)
         if not arg or not path.exists():
-            raise InvalidInput(f"--workload {kind}:{arg}: {arg or '(empty path)'} does not exist; {kind} expects {KINDS[kind]}")
+            raise InvalidInput(
+                f"--workload {kind}:{arg}: {arg or '(empty path)'} does not exist; {kind} expects {KINDS[kind]}"
+            )
         if kind == "philly":
             from autoscaler.sim.philly import load_philly
 

@@ -23,9 +23,7 @@ class Series:
     points: list[tuple[datetime, float]]
 
 
-def _downsample(
-    points: list[tuple[datetime, float]], limit: int = MAX_POINTS
-) -> list[tuple[datetime, float]]:
+def _downsample(points: list[tuple[datetime, float]], limit: int = MAX_POINTS) -> list[tuple[datetime, float]]:
     if len(points) <= limit:
         return points
     step = len(points) / limit
@@ -36,9 +34,7 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}".rstrip("0").rstrip(".")
 
 
-def line_chart(
-    title: str, series: list[Series], *, width: int = 640, height: int = 200, unit: str = ""
-) -> Markup:
+def line_chart(title: str, series: list[Series], *, width: int = 640, height: int = 200, unit: str = "") -> Markup:
     """Several series on one time axis, with a legend and min/max labels."""
     left, right, top, bottom = 48, 10, 24, 36
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -49,9 +45,7 @@ def line_chart(
         f'<text x="{left}" y="16" class="chart-title">{escape(title)}</text>',
     ]
     if not all_points:
-        parts.append(
-            f'<text x="{left}" y="{top + plot_h // 2}" class="chart-empty">no data recorded yet</text>'
-        )
+        parts.append(f'<text x="{left}" y="{top + plot_h // 2}" class="chart-empty">no data recorded yet</text>')
         parts.append("</svg>")
         return Markup("".join(parts))
     t0 = min(p[0] for p in all_points).timestamp()
@@ -101,8 +95,7 @@ def sparkline(values: list[float], *, width: int = 90, height: int = 20, vmax: f
     values = values[-60:]
     step = width / max(len(values) - 1, 1)
     pts = " ".join(
-        f"{i * step:.1f},{height - min(max(v, 0.0), vmax) / vmax * (height - 2) - 1:.1f}"
-        for i, v in enumerate(values)
+        f"{i * step:.1f},{height - min(max(v, 0.0), vmax) / vmax * (height - 2) - 1:.1f}" for i, v in enumerate(values)
     )
     return Markup(
         f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '

@@ -129,8 +129,7 @@ class AwsProvider:
         image = request.image or self.settings.image
         if not image:
             raise InvalidRequest(
-                f"pool {request.pool!r} has no AMI: set `image` on the pool "
-                "(build one with agent_image/packer)"
+                f"pool {request.pool!r} has no AMI: set `image` on the pool (build one with agent_image/packer)"
             )
         existing = self._by_request(request)
         if existing:
@@ -169,9 +168,7 @@ class AwsProvider:
             )
         events: builtins.list[InterruptionEvent] = []
         for _ in range(10):  # bounded: a flood must not stall a reconcile cycle
-            resp = self._call(
-                self._sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-            )
+            resp = self._call(self._sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
             messages = resp.get("Messages", [])
             if not messages:
                 break
@@ -206,8 +203,7 @@ class AwsProvider:
             chosen = [(z, s) for s, z in subnets.items() if not zones or z in zones]
             if not chosen:
                 raise InvalidRequest(
-                    f"no configured subnet in zone(s) {', '.join(zones)}: "
-                    "add one to the pool's `subnets` option"
+                    f"no configured subnet in zone(s) {', '.join(zones)}: add one to the pool's `subnets` option"
                 )
             return [{"SubnetId": s, "AvailabilityZone": z} for z, s in chosen]
         return [{"AvailabilityZone": z} for z in zones] or [{}]
@@ -327,9 +323,7 @@ class AwsProvider:
                         instance_id=iid,
                         request_id=request.request_id,
                         pool=request.pool,
-                        instance_type=item.get("InstanceType")
-                        or override.get("InstanceType")
-                        or o.instance_type,
+                        instance_type=item.get("InstanceType") or override.get("InstanceType") or o.instance_type,
                         capacity_type=capacity,
                         zone=zone,
                         status=InstanceStatus.PENDING,
@@ -338,9 +332,7 @@ class AwsProvider:
                     )
                 )
         if not out:
-            errors = resp.get("Errors") or [
-                {"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "no instances"}
-            ]
+            errors = resp.get("Errors") or [{"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "no instances"}]
             first = errors[0]
             raise map_error(first.get("ErrorCode", "UnfulfillableCapacity"), first.get("ErrorMessage", ""))
         return out
@@ -417,9 +409,7 @@ class AwsProvider:
             if not token:
                 return out
 
-    def _view(
-        self, inst: Mapping[str, Any], *, fallback_capacity: CapacityType | None = None
-    ) -> ProviderInstance:
+    def _view(self, inst: Mapping[str, Any], *, fallback_capacity: CapacityType | None = None) -> ProviderInstance:
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
         state = inst.get("State", {}).get("Name", "pending")
         if state == "terminated":
@@ -462,9 +452,7 @@ class AwsProvider:
                 MaxResults=1000,
             )
             # Newest first per (type, zone): the history is sorted by time, descending.
-            history = sorted(
-                resp.get("SpotPriceHistory", []), key=lambda h: h.get("Timestamp", 0), reverse=True
-            )
+            history = sorted(resp.get("SpotPriceHistory", []), key=lambda h: h.get("Timestamp", 0), reverse=True)
             for h in history:
                 key = (h["InstanceType"], h["AvailabilityZone"])
                 if key not in prices:

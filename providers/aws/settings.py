@@ -44,9 +44,7 @@ class AwsSettings:
     extra_tags: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_options(
-        cls, region: str, options: Mapping[str, Any], *, image: str | None = None
-    ) -> AwsSettings:
+    def from_options(cls, region: str, options: Mapping[str, Any], *, image: str | None = None) -> AwsSettings:
         """Validate `options`; raises ValueError with a message naming the bad key."""
         known = {f.name for f in fields(cls)} - {"region"}
         unknown = sorted(set(options) - known)
@@ -67,9 +65,7 @@ def _check(key: str, value: Any) -> Any:
         return ValueError(f"AWS option {key!r} must be {expected}, got {value!r}")
 
     if key == "subnets":
-        if isinstance(value, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
+        if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
         if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
             return tuple(value)
@@ -91,9 +87,7 @@ def _check(key: str, value: Any) -> Any:
             raise fail("a number of seconds >= 0")
         return float(value)
     if key == "extra_tags":
-        if isinstance(value, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
+        if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
         raise fail("a mapping of strings")
     if value is not None and not isinstance(value, str):

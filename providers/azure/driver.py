@@ -209,9 +209,7 @@ class AzureProvider:
         """Delete what a failed create left behind (the VM resource, the NIC)."""
         try:
             self._delete_vm(name, wait=True)
-            self._network.network_interfaces.begin_delete(
-                self.settings.resource_group, f"{name}-nic"
-            ).result()
+            self._network.network_interfaces.begin_delete(self.settings.resource_group, f"{name}-nic").result()
         except (ProviderError, self._errors.AzureError):
             pass  # the owner-tagged leftovers show up in `list`; the reconciler retries
 
@@ -219,9 +217,7 @@ class AzureProvider:
         try:
             # Deleting takes minutes in Azure; the listing shows `Deleting` meanwhile, so
             # the reconcile loop does not wait (polling=False sends the DELETE only).
-            poller = self._compute.virtual_machines.begin_delete(
-                self.settings.resource_group, name, polling=wait
-            )
+            poller = self._compute.virtual_machines.begin_delete(self.settings.resource_group, name, polling=wait)
             if wait:
                 poller.result()
         except self._errors.ResourceNotFoundError:
@@ -264,9 +260,7 @@ class AzureProvider:
                 "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [key]}},
             },
             "networkProfile": {
-                "networkInterfaces": [
-                    {"id": nic_id, "properties": {"primary": True, "deleteOption": "Delete"}}
-                ]
+                "networkInterfaces": [{"id": nic_id, "properties": {"primary": True, "deleteOption": "Delete"}}]
             },
             "priority": "Regular",
         }

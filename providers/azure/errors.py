@@ -55,9 +55,7 @@ def map_error(
         # The size is not offered in this region/zone for this subscription (or as spot):
         # no point retrying this offering; other sizes or regions may work.
         return CapacityError(text, scope=Scope.OFFERING, code=code)
-    if code in ("QuotaExceeded", "OperationNotAllowed") and (
-        code == "QuotaExceeded" or _QUOTA_TEXT.search(message)
-    ):
+    if code in ("QuotaExceeded", "OperationNotAllowed") and (code == "QuotaExceeded" or _QUOTA_TEXT.search(message)):
         # Azure vCPU quotas are per region and VM family (and one for all spot VMs).
         return QuotaError(text, scope=Scope.REGION, code=code)
     if status == 429 or code in ("TooManyRequests", "OperationPreempted"):

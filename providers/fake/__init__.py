@@ -193,8 +193,7 @@ class FakeProvider:
             allowed = min(allowed, max(0, limit - in_use))
             if allowed == 0:
                 raise CapacityError(
-                    f"no {offering.capacity_type} capacity for {offering.instance_type}"
-                    f" in {offering.zone or '-'}",
+                    f"no {offering.capacity_type} capacity for {offering.instance_type} in {offering.zone or '-'}",
                     scope=Scope.OFFERING,
                     code="InsufficientInstanceCapacity",
                 )
@@ -268,9 +267,7 @@ class FakeProvider:
             notice_at = inst.preempt_at - timedelta(seconds=inst.notice_s)
             if now >= notice_at and not inst.notice_sent:
                 inst.notice_sent = True
-                self._pending_events.append(
-                    InterruptionEvent(iid, "interruption", notice_at, deadline=inst.preempt_at)
-                )
+                self._pending_events.append(InterruptionEvent(iid, "interruption", notice_at, deadline=inst.preempt_at))
             if now >= inst.preempt_at:
                 inst.preempted_at = inst.terminated_at = inst.preempt_at
                 inst.preempt_at = None

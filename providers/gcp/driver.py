@@ -78,9 +78,7 @@ class GcpProvider:
     name = "gcp"
     capabilities = Capabilities(spot=True)
 
-    def __init__(
-        self, settings: GcpSettings, offerings: Sequence[Offering], *, credentials: Any = None
-    ) -> None:
+    def __init__(self, settings: GcpSettings, offerings: Sequence[Offering], *, credentials: Any = None) -> None:
         self._compute = _import_sdk()
         from google.api_core import exceptions as api_exceptions
         from google.api_core.client_options import ClientOptions
@@ -91,9 +89,7 @@ class GcpProvider:
         options = ClientOptions(api_endpoint=settings.api_endpoint) if settings.api_endpoint else None
         try:
             self._instances = self._compute.InstancesClient(credentials=credentials, client_options=options)
-            self._operations = self._compute.ZoneOperationsClient(
-                credentials=credentials, client_options=options
-            )
+            self._operations = self._compute.ZoneOperationsClient(credentials=credentials, client_options=options)
         except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and kin
             raise AuthError(f"GCP credentials unavailable: {exc}", code="NoCredentials") from None
 
@@ -217,9 +213,7 @@ class GcpProvider:
         if errors:
             triples = [(e.code, e.message, self._quota_metric(e)) for e in errors]
             status = operation.http_error_status_code or None
-            raise map_error(
-                triples, http_status=status, zone=zone, fallback_message=operation.http_error_message
-            )
+            raise map_error(triples, http_status=status, zone=zone, fallback_message=operation.http_error_message)
 
     @staticmethod
     def _quota_metric(error: Any) -> str:

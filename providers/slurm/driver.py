@@ -70,9 +70,7 @@ _STATUS = {
 # sbatch's refusals, by what they block (message fragments as Slurm 22.05 prints them).
 _ERRORS: list[tuple[re.Pattern[str], type[ProviderError], Scope]] = [
     (
-        re.compile(
-            r"node configuration is not available|gres.*not available|More processors requested", re.I
-        ),
+        re.compile(r"node configuration is not available|gres.*not available|More processors requested", re.I),
         CapacityError,
         Scope.OFFERING,
     ),
@@ -82,9 +80,7 @@ _ERRORS: list[tuple[re.Pattern[str], type[ProviderError], Scope]] = [
         Scope.PROVIDER,
     ),
     (
-        re.compile(
-            r"Unable to contact slurm controller|Socket timed out|temporarily unavailable|try again", re.I
-        ),
+        re.compile(r"Unable to contact slurm controller|Socket timed out|temporarily unavailable|try again", re.I),
         TransientError,
         Scope.PROVIDER,
     ),
@@ -157,9 +153,7 @@ class SlurmProvider:
         try:
             bootstrap = parse_user_data(request.user_data)
         except BootstrapError as exc:
-            raise InvalidRequest(
-                f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap"
-            ) from None
+            raise InvalidRequest(f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap") from None
         for d in (self.settings.state_dir, self.settings.log_dir, self.settings.work_dir):
             d.mkdir(parents=True, exist_ok=True)
         queued: dict[str, QueuedJob] | None = None
@@ -291,9 +285,7 @@ class SlurmProvider:
         return job_id
 
     def _squeue(self) -> builtins.list[QueuedJob]:
-        out = self._run(
-            ["squeue", "--noheader", f"--user={self._user}", f"--format={_SQUEUE_FORMAT}"], what="squeue"
-        )
+        out = self._run(["squeue", "--noheader", f"--user={self._user}", f"--format={_SQUEUE_FORMAT}"], what="squeue")
         jobs: builtins.list[QueuedJob] = []
         for line in out.splitlines():
             parts = line.split("|", 5)
@@ -311,8 +303,7 @@ class SlurmProvider:
             done = subprocess.run(argv, env=self._env, capture_output=True, text=True, timeout=60)
         except FileNotFoundError:
             raise InvalidRequest(
-                f"{argv[0]} not found: install the Slurm client commands (Debian: slurm-client) "
-                "on the control plane",
+                f"{argv[0]} not found: install the Slurm client commands (Debian: slurm-client) on the control plane",
                 scope=Scope.PROVIDER,
                 code="MissingSlurm",
             ) from None

@@ -47,9 +47,7 @@ class SlurmSettings:
     boot_timeout_s: float = 900.0
 
     @classmethod
-    def from_options(
-        cls, options: Mapping[str, Any], *, home: Path, pool: str, boot_timeout_s: float
-    ) -> SlurmSettings:
+    def from_options(cls, options: Mapping[str, Any], *, home: Path, pool: str, boot_timeout_s: float) -> SlurmSettings:
         unknown = sorted(set(options) - _KNOWN)
         if unknown:
             raise _bad(f"unknown Slurm pool option(s) {unknown}; known: {sorted(_KNOWN)}")

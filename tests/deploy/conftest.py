@@ -57,7 +57,9 @@ def find_provider_mirror() -> Path | None:
     return None
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -137,23 +139,41 @@ MOCKED = ["modules/aws", "examples/aws-burst", "examples/hybrid"]
 # checks out of the report (their counts stay in each summary); skip reasons are
 # checked in the sources instead (test_checkov.py). terraform test files
 # (*.tftest.hcl) are not configuration; checkov cannot parse them.
-CHECKOV_ARGS = ["--skip-download", "--compact", "--quiet", "-o", "json",
-                "--framework", "terraform", "dockerfile", "--skip-path", "/tests/",
-                "-d", "terraform", "-d", "agent_image/docker"]
+CHECKOV_ARGS = [
+    "--skip-download",
+    "--compact",
+    "--quiet",
+    "-o",
+    "json",
+    "--framework",
+    "terraform",
+    "dockerfile",
+    "--skip-path",
+    "/tests/",
+    "-d",
+    "terraform",
+    "-d",
+    "agent_image/docker",
+]
 
 
 def _terraform_jobs(terraform: str, render_root: Path) -> dict[str, list[tuple[list[str], Path]]]:
     init = [terraform, "init", "-backend=false", "-input=false", "-no-color"]
     jobs = {
-        rel: [(init, TERRAFORM / rel), ([terraform, "validate", "-no-color"], TERRAFORM / rel),
-              ([terraform, "test", "-no-color"], TERRAFORM / rel)]
+        rel: [
+            (init, TERRAFORM / rel),
+            ([terraform, "validate", "-no-color"], TERRAFORM / rel),
+            ([terraform, "test", "-no-color"], TERRAFORM / rel),
+        ]
         for rel in MOCKED
     }
     config = TERRAFORM / "modules" / "config"
     jobs["modules/config"] = [(init, config), ([terraform, "test", "-no-color"], config)]
-    jobs["render"] = [(init, render_root),
-                      ([terraform, "apply", "-auto-approve", "-input=false", "-no-color"], render_root),
-                      ([terraform, "output", "-json"], render_root)]
+    jobs["render"] = [
+        (init, render_root),
+        ([terraform, "apply", "-auto-approve", "-input=false", "-no-color"], render_root),
+        ([terraform, "output", "-json"], render_root),
+    ]
     return jobs
 
 
@@ -171,8 +191,11 @@ def background(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]
     render_root = write_render_root(tmp_path_factory.mktemp("render"))
     jobs = _terraform_jobs(terraform or "terraform", render_root)
     if terraform is None or mirror is None:
-        why = "terraform is not installed: install Terraform >= 1.7 (the CI image has 1.11)" \
-            if terraform is None else _no_mirror()
+        why = (
+            "terraform is not installed: install Terraform >= 1.7 (the CI image has 1.11)"
+            if terraform is None
+            else _no_mirror()
+        )
         bg.missing.update(dict.fromkeys(jobs, why))
     else:
         env = _tf_env_for(mirror, tmp_path_factory.mktemp("tf-bg"))

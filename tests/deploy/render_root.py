@@ -18,33 +18,38 @@ from tests.deploy.conftest import TERRAFORM
 
 # Per provider: a sample of what its cloud module passes as pool_options.
 POOL_OPTIONS: dict[str, dict[str, Any]] = {
-    "aws": {"subnets": ["subnet-a", "subnet-b"], "security_group_ids": ["sg-0agent"],
-            "instance_profile": "demo-agent"},
-    "gcp": {"project": "demo-project", "network": "projects/demo-project/global/networks/gpu",
-            "subnetwork": "projects/demo-project/regions/us-central1/subnetworks/gpu",
-            "service_account": "demo-agent@demo-project.iam.gserviceaccount.com",
-            "name_prefix": "demo", "external_ip": False},
-    "azure": {"subscription_id": "00000000-0000-0000-0000-000000000000", "resource_group": "demo-agents",
-              "subnet_id": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net"
-                           "/providers/Microsoft.Network/virtualNetworks/vnet/subnets/agents",
-              "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoDemoDemoDemoDemoDemoDemoDemoDemoDemo demo"},
+    "aws": {"subnets": ["subnet-a", "subnet-b"], "security_group_ids": ["sg-0agent"], "instance_profile": "demo-agent"},
+    "gcp": {
+        "project": "demo-project",
+        "network": "projects/demo-project/global/networks/gpu",
+        "subnetwork": "projects/demo-project/regions/us-central1/subnetworks/gpu",
+        "service_account": "demo-agent@demo-project.iam.gserviceaccount.com",
+        "name_prefix": "demo",
+        "external_ip": False,
+    },
+    "azure": {
+        "subscription_id": "00000000-0000-0000-0000-000000000000",
+        "resource_group": "demo-agents",
+        "subnet_id": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net"
+        "/providers/Microsoft.Network/virtualNetworks/vnet/subnets/agents",
+        "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoDemoDemoDemoDemoDemoDemoDemoDemoDemo demo",
+    },
 }
 
-_GPU = ('{ name = "%s", gpus = 1, gpu_type = "%s", cpus = 4, memory_mb = 16384, '
-        'on_demand_price = %s }')
+_GPU = '{ name = "%s", gpus = 1, gpu_type = "%s", cpus = 4, memory_mb = 16384, on_demand_price = %s }'
 # One pool per cloud, in the region/zone shape its provider requires.
 _CLOUD_POOLS = {
     "aws": '{ name = "aws-burst", provider = "aws", region = "eu-west-1", zones = ["eu-west-1a"],'
-           f' instance_types = [{_GPU % ("g5.xlarge", "A10G", "1.006")}] }}',
+    f" instance_types = [{_GPU % ('g5.xlarge', 'A10G', '1.006')}] }}",
     "gcp": '{ name = "gcp-l4", provider = "gcp", region = "us-central1", zones = ["us-central1-a"],'
-           f' instance_types = [{_GPU % ("g2-standard-4", "L4", "0.71")}] }}',
+    f" instance_types = [{_GPU % ('g2-standard-4', 'L4', '0.71')}] }}",
     "azure": '{ name = "azure-t4", provider = "azure", region = "eastus",'
-             f' instance_types = [{_GPU % ("Standard_NC4as_T4_v3", "T4", "0.526")}] }}',
+    f" instance_types = [{_GPU % ('Standard_NC4as_T4_v3', 'T4', '0.526')}] }}",
 }
 
 # The first module keeps the original round-trip case (a static and an aws pool, teams,
 # queues, policy files); the others render one pool of each cloud.
-_DEMO = '''module "c" {
+_DEMO = """module "c" {
   source = "../config"
   deployment = "demo"
   public_url = "https://gpu.example.com"
@@ -61,13 +66,14 @@ _DEMO = '''module "c" {
   policy_files = { "data/budgets.yaml" = "teams: {}" }
 }
 output "yaml" { value = module.c.yaml }
-'''
+"""
 
 
 def write_render_root(workdir: Path) -> Path:
     """A root module under workdir (beside a copy of modules/config); returns its path."""
-    shutil.copytree(TERRAFORM / "modules" / "config", workdir / "config",
-                    ignore=shutil.ignore_patterns(".terraform*", "tests"))
+    shutil.copytree(
+        TERRAFORM / "modules" / "config", workdir / "config", ignore=shutil.ignore_patterns(".terraform*", "tests")
+    )
     root = workdir / "root"
     root.mkdir()
     parts = [_DEMO]

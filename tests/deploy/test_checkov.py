@@ -40,8 +40,11 @@ def test_checkov_finds_nothing_unjustified(background: Background) -> None:
     assert {r["check_type"] for r in reports} == {"terraform", "dockerfile"}, res.stderr[-2000:]
     unparsed = {r["check_type"]: r["summary"]["parsing_errors"] for r in reports if r["summary"]["parsing_errors"]}
     assert not unparsed, f"checkov could not parse some files {unparsed}; stderr: {res.stderr[-2000:]}"
-    failed = [f"{c['check_id']} {c['resource']} ({c['file_path']}:{c['file_line_range'][0]})"
-              for r in reports for c in r["results"]["failed_checks"]]
+    failed = [
+        f"{c['check_id']} {c['resource']} ({c['file_path']}:{c['file_line_range'][0]})"
+        for r in reports
+        for c in r["results"]["failed_checks"]
+    ]
     assert not failed, "checkov findings (fix them or justify with #checkov:skip=ID:reason):\n" + "\n".join(failed)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = {r["check_type"]: r["summary"] for r in reports}
@@ -55,8 +58,9 @@ def test_every_inline_skip_gives_a_reason() -> None:
     # they are written; the scan above covers exactly these directories.
     assert "-d" in CHECKOV_ARGS and "terraform" in CHECKOV_ARGS
     files = [*TERRAFORM.rglob("*.tf"), *(AGENT_IMAGE / "docker").glob("*Dockerfile*")]
-    skips = [(f.relative_to(REPO), m) for f in files if ".terraform" not in f.parts
-             for m in _SKIP.finditer(f.read_text())]
+    skips = [
+        (f.relative_to(REPO), m) for f in files if ".terraform" not in f.parts for m in _SKIP.finditer(f.read_text())
+    ]
     assert skips, "no inline skip found: is the pattern still right?"
     unexplained = [f"{path}: {m.group(0)}" for path, m in skips if not (m.group(2) or "").strip()]
     assert not unexplained, "every skip needs a reason (#checkov:skip=ID:reason):\n" + "\n".join(unexplained)

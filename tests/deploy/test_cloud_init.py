@@ -20,18 +20,33 @@ UNIT_NAME = "autoscaler-agent.service"
 JOIN = "asj_" + "x" * 43
 # Prefixes of every long-lived token kind (autoscaler.auth.tokens.PREFIX) and common
 # cloud credential shapes; none may appear in user-data.
-FORBIDDEN = [r"asa_", r"ast_", r"asw_", r"AKIA[0-9A-Z]{16}", r"aws_secret_access_key", r"-----BEGIN",
-             r"client_secret", r"password"]
+FORBIDDEN = [
+    r"asa_",
+    r"ast_",
+    r"asw_",
+    r"AKIA[0-9A-Z]{16}",
+    r"aws_secret_access_key",
+    r"-----BEGIN",
+    r"client_secret",
+    r"password",
+]
 
 
 def _render(**kw: object) -> str:
-    spec = BootstrapSpec(server_url="https://gpu.example.com", pool="burst", provider="aws",
-                         instance_id="i-0abc", labels={"team": "vision"}, **kw)  # type: ignore[arg-type]
+    spec = BootstrapSpec(
+        server_url="https://gpu.example.com",
+        pool="burst",
+        provider="aws",
+        instance_id="i-0abc",
+        labels={"team": "vision"},
+        **kw,
+    )  # type: ignore[arg-type]
     return render_user_data(spec, template=AGENT_IMAGE / "cloud-init.yaml.tmpl")
 
 
-@pytest.mark.parametrize("kw", [{"join_token": JOIN},
-                                {"join_token_ref": JoinTokenRef(kind="aws-ssm", name="/demo/join/i-0abc")}])
+@pytest.mark.parametrize(
+    "kw", [{"join_token": JOIN}, {"join_token_ref": JoinTokenRef(kind="aws-ssm", name="/demo/join/i-0abc")}]
+)
 def test_rendered_cloud_init_is_valid_and_starts_the_baked_unit(kw: dict[str, object]) -> None:
     text = _render(**kw)
     assert text.startswith("#cloud-config\n")
@@ -59,4 +74,3 @@ def test_with_a_secret_store_reference_no_token_at_all() -> None:
     agent = json.loads(next(f for f in yaml.safe_load(text)["write_files"] if f["path"] == AGENT_FILE)["content"])
     assert agent["join_token"] is None
     assert agent["join_token_ref"] == {"kind": "aws-ssm", "name": "/demo/join/i-0abc"}
-

@@ -38,8 +38,9 @@ def test_runs_as_non_root_and_calls_a_real_command(path: object) -> None:
     argv = entry + cmd
     assert argv[0] == "autoscaler"
     sub = argv[1]
-    res = subprocess.run([sys.executable, "-m", "autoscaler", sub, "--help"], capture_output=True,
-                         text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "autoscaler", sub, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == 0, res.stderr
     for flag in (a for a in argv[2:] if a.startswith("--")):
         assert flag in res.stdout, f"`autoscaler {sub}` has no {flag}"

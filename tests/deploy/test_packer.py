@@ -11,8 +11,11 @@ PACKER_DIR = AGENT_IMAGE / "packer"
 REQUIRED_VARS = {
     "aws.pkr.hcl": {"region": "us-east-1"},
     "gcp.pkr.hcl": {"project_id": "demo-project", "zone": "us-central1-a"},
-    "azure.pkr.hcl": {"subscription_id": "00000000-0000-0000-0000-000000000000",
-                      "resource_group": "images", "location": "eastus"},
+    "azure.pkr.hcl": {
+        "subscription_id": "00000000-0000-0000-0000-000000000000",
+        "resource_group": "images",
+        "location": "eastus",
+    },
 }
 
 
@@ -50,8 +53,14 @@ def test_templates_are_formatted(packer: str) -> None:
 @pytest.mark.parametrize("template", sorted(REQUIRED_VARS))
 def test_templates_install_agent_and_enable_the_unit(template: str) -> None:
     text = (PACKER_DIR / template).read_text()
-    for needed in ("install-nvidia.sh", "install-agent.sh", "autoscaler-agent.service",
-                   "autoscaler-agent-exit", "agent_wheel", "agent_version"):
+    for needed in (
+        "install-nvidia.sh",
+        "install-agent.sh",
+        "autoscaler-agent.service",
+        "autoscaler-agent-exit",
+        "agent_wheel",
+        "agent_version",
+    ):
         assert needed in text, f"{template} does not reference {needed}"
     install = (AGENT_IMAGE / "scripts" / "install-agent.sh").read_text()
     assert "systemctl enable autoscaler-agent.service" in install

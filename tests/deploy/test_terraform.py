@@ -96,13 +96,13 @@ def _seams(provider: str) -> dict[str, Any]:
     return {}
 
 
-def test_every_rendered_pool_builds_with_the_real_provider(rendered: dict[str, AutoscalerConfig],
-                                                          tmp_path: Path) -> None:
+def test_every_rendered_pool_builds_with_the_real_provider(
+    rendered: dict[str, AutoscalerConfig], tmp_path: Path
+) -> None:
     built: dict[str, Any] = {}
     for cfg in rendered.values():
         for pool in cfg.pools:
-            built[pool.name] = build_provider(pool, deployment=cfg.deployment, home=tmp_path,
-                                              **_seams(pool.provider))
+            built[pool.name] = build_provider(pool, deployment=cfg.deployment, home=tmp_path, **_seams(pool.provider))
     assert set(built) == {"onprem", "burst", "aws-burst", "gcp-l4", "azure-t4"}
     aws = built["aws-burst"].settings
     assert aws.subnets == ("subnet-a", "subnet-b") and aws.security_group_ids == ("sg-0agent",)

@@ -73,8 +73,13 @@ def test_templates_receive_every_placeholder(module: str) -> None:
 @pytest.mark.parametrize("module", MODULES)
 def test_no_password_or_static_credential(module: str) -> None:
     text = _text(module) + "".join(p.read_text() for p in (TERRAFORM / "modules" / module).glob("templates/*"))
-    for pattern in (r"\bpassword\s*=", r"administrator_password", r"client_secret", r"\bcredentials\s*=",
-                    r"private_key"):
+    for pattern in (
+        r"\bpassword\s*=",
+        r"administrator_password",
+        r"client_secret",
+        r"\bcredentials\s*=",
+        r"private_key",
+    ):
         assert not re.search(pattern, text), f"{module}: {pattern}"
 
 

@@ -76,11 +76,7 @@ def error_xml(code: str, message: str) -> bytes:
 
 
 def fleet_error_xml(code: str, message: str, params: dict[str, str]) -> bytes:
-    lifecycle = (
-        "spot"
-        if params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == "spot"
-        else "on-demand"
-    )
+    lifecycle = "spot" if params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == "spot" else "on-demand"
     itype = params.get("LaunchTemplateConfigs.1.Overrides.1.InstanceType", "")
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -108,9 +104,7 @@ class EC2Middleware:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = BytesIO(body)
-        params = {
-            k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()
-        }
+        params = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
         action = params.get("Action", "")
         if not action:
             return self.app(environ, start_response)
@@ -175,9 +169,7 @@ class MotoEC2:
                 pass  # one line per EC2 call would drown the test output
 
         self.middleware = EC2Middleware(DomainDispatcherApplication(create_backend_app))
-        self._server = make_server(
-            "127.0.0.1", 0, self.middleware, threaded=True, request_handler=QuietHandler
-        )
+        self._server = make_server("127.0.0.1", 0, self.middleware, threaded=True, request_handler=QuietHandler)
         self.port = int(self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -196,9 +188,7 @@ class MotoEC2:
         """Empty moto's backends too (the next call then takes 1-2 s)."""
         import urllib.request
 
-        urllib.request.urlopen(
-            urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
-        )
+        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10)
         self.clear()
 
     def clear(self) -> None:

@@ -36,9 +36,7 @@ from tests.fakes.cloud_rest import RestFake, json_response
 _RG = r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/"
 _VMS = re.compile(_RG + r"Microsoft\.Compute/virtualMachines(?:/([^/]+))?$", re.IGNORECASE)
 _NICS = re.compile(_RG + r"Microsoft\.Network/networkInterfaces/([^/]+)$", re.IGNORECASE)
-_OPS = re.compile(
-    r"^/subscriptions/([^/]+)/providers/Microsoft\.Compute/locations/([^/]+)/operations/([^/]+)$", re.I
-)
+_OPS = re.compile(r"^/subscriptions/([^/]+)/providers/Microsoft\.Compute/locations/([^/]+)/operations/([^/]+)$", re.I)
 
 
 @dataclass
@@ -109,9 +107,7 @@ class AzureArmFake(RestFake):
 
     def handle(self, request: Request, body: Any) -> Response:
         if not request.headers.get("Authorization", "").startswith("Bearer "):
-            return _error(
-                401, "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing."
-            )
+            return _error(401, "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing.")
         api_version = request.args.get("api-version")
         if not api_version:
             return _error(400, "MissingApiVersionParameter", "The api-version query parameter is required.")
@@ -135,16 +131,12 @@ class AzureArmFake(RestFake):
                 return self._delete_vm(request, sub, name, api_version)
         return _error(404, "InvalidResourceType", f"no such fake route: {request.method} {path}")
 
-    def _put_vm(
-        self, request: Request, sub: str, rg: str, name: str, body: Any, api_version: str
-    ) -> Response:
+    def _put_vm(self, request: Request, sub: str, rg: str, name: str, body: Any, api_version: str) -> Response:
         props = (body or {}).get("properties", {})
         custom = props.get("osProfile", {}).get("customData", "")
         if name in self.vms:
             if custom and custom != self.custom_data.get(name):
-                return _error(
-                    409, "PropertyChangeNotAllowed", "Changing property 'customData' is not allowed."
-                )
+                return _error(409, "PropertyChangeNotAllowed", "Changing property 'customData' is not allowed.")
             return json_response(self.vms[name])
         problem = self._validate_vm(body)
         if problem:
@@ -208,11 +200,7 @@ class AzureArmFake(RestFake):
             self.nics[name] = nic
             return json_response(nic, 201)
         if method == "GET":
-            return (
-                json_response(self.nics[name])
-                if name in self.nics
-                else _not_found("networkInterfaces", name, rg)
-            )
+            return json_response(self.nics[name]) if name in self.nics else _not_found("networkInterfaces", name, rg)
         if method == "DELETE":
             if name not in self.nics:
                 return Response(status=204)
@@ -240,9 +228,7 @@ class AzureArmFake(RestFake):
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def _start_op(
-        self, verb: str, name: str, error: dict[str, Any] | None, leave_behind: bool = False
-    ) -> str:
+    def _start_op(self, verb: str, name: str, error: dict[str, Any] | None, leave_behind: bool = False) -> str:
         op_id = str(uuid.uuid4())
         self._ops[op_id] = _Pending(self.operation_polls, verb, name, error, leave_behind)
         self._op_status[op_id] = {

@@ -27,9 +27,7 @@ class RecordedRequest:
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps(payload), status=status, headers=headers or {}, content_type="application/json"
-    )
+    return Response(json.dumps(payload), status=status, headers=headers or {}, content_type="application/json")
 
 
 class _QuietHandler(WSGIRequestHandler):

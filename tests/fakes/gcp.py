@@ -111,9 +111,7 @@ class GcpComputeFake(RestFake):
         if m := _INSTANCES.match(path):
             project, zone, name = m.groups()
             if zone not in self.zones:
-                return _error(
-                    404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found"
-                )
+                return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
             if request.method == "POST" and name is None:
                 return self._insert(project, zone, request.args.get("requestId"), body)
             if request.method == "GET" and name:
@@ -152,13 +150,9 @@ class GcpComputeFake(RestFake):
         if fault is not None:
             details = []
             if fault.quota_metric:
-                details.append(
-                    {"quotaInfo": {"metricName": fault.quota_metric, "limitName": fault.quota_metric}}
-                )
+                details.append({"quotaInfo": {"metricName": fault.quota_metric, "limitName": fault.quota_metric}})
             error = {
-                "error": {
-                    "errors": [{"code": fault.code, "message": fault.message, "errorDetails": details}]
-                },
+                "error": {"errors": [{"code": fault.code, "message": fault.message, "errorDetails": details}]},
                 "httpErrorStatusCode": fault.http_status,
                 "httpErrorMessage": "SERVICE UNAVAILABLE" if fault.http_status == 503 else "FORBIDDEN",
             }
@@ -327,9 +321,7 @@ def _error(status: int, reason: str, message: str) -> Response:
 
 
 def _not_found(project: str, zone: str, name: str) -> Response:
-    return _error(
-        404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
-    )
+    return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
 
 
 def _now() -> str:

@@ -60,9 +60,7 @@ class SlurmCluster:
     def start(self) -> SlurmCluster:
         missing = [b for b in BINARIES if shutil.which(b) is None]
         if missing:
-            raise RuntimeError(
-                f"Slurm/munge binaries missing: {missing}; run scripts/ensure-slurm.sh (make test does)"
-            )
+            raise RuntimeError(f"Slurm/munge binaries missing: {missing}; run scripts/ensure-slurm.sh (make test does)")
         r = self.root
         for d in ("munge", "state", "spool", "log", "dev", "run"):
             (r / d).mkdir(parents=True, exist_ok=True)
@@ -188,9 +186,7 @@ class SlurmCluster:
             if check():  # type: ignore[operator]
                 return
             time.sleep(0.1)
-        raise RuntimeError(
-            f"timed out waiting for {what}:\n{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}"
-        )
+        raise RuntimeError(f"timed out waiting for {what}:\n{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
 
     def _kill_leftovers(self) -> None:
         """Job processes (and stray slurmstepd) whose environment names our slurm.conf."""

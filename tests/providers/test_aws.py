@@ -51,9 +51,7 @@ def make(moto: MotoEC2, *, attempts: int = 1, **options: Any) -> AwsProvider:
     settings = AwsSettings.from_options(REGION, {"endpoint_url": moto.url, **options}, image=AMI)
     session = SESSION
     config = Config(retries={"mode": "standard", "total_max_attempts": attempts})
-    return AwsProvider(
-        settings, catalog=[G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config
-    )
+    return AwsProvider(settings, catalog=[G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config)
 
 
 def user_data() -> str:
@@ -163,9 +161,7 @@ def test_fleet_spreads_over_types_and_subnets_with_mixed_capacity(moto_ec2: Moto
         )
         for n in range(1, 5)
     }
-    assert overrides == {
-        (t, by_zone[z]) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")
-    }
+    assert overrides == {(t, by_zone[z]) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")}
     assert "LaunchTemplateConfigs.1.Overrides.5.InstanceType" not in p, "on-demand alternatives stay out"
     assert moto_ec2.calls("CreateFleet")[1].params["OnDemandOptions.AllocationStrategy"] == "lowest-price"
     listed = {i.instance_id: i for i in aws.list(OWNER)}
@@ -195,9 +191,7 @@ def test_client_token_covers_a_listing_that_lags(aws: AwsProvider, moto_ec2: Mot
     again = aws.launch(req("req-idem-2"))
     assert [i.instance_id for i in again] == [i.instance_id for i in first]
     assert len(aws.list(OWNER)) == 1, "EC2 honoured the ClientToken: no second instance"
-    tokens = [
-        c.params.get("ClientToken") for c in moto_ec2.calls() if c.action in ("RunInstances", "CreateFleet")
-    ]
+    tokens = [c.params.get("ClientToken") for c in moto_ec2.calls() if c.action in ("RunInstances", "CreateFleet")]
     assert tokens == ["req-idem-2", "req-idem-2"]
 
 

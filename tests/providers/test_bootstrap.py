@@ -21,16 +21,23 @@ TOKEN = "asj_" + "x" * 43
 
 
 def spec(**kw: object) -> BootstrapSpec:
-    base: dict[str, object] = {"server_url": "https://scaler.example:8443", "pool": "gpu", "provider": "aws",
-                               "join_token": TOKEN}
+    base: dict[str, object] = {
+        "server_url": "https://scaler.example:8443",
+        "pool": "gpu",
+        "provider": "aws",
+        "join_token": TOKEN,
+    }
     base.update(kw)
     return BootstrapSpec(**base)  # type: ignore[arg-type]
 
 
 def test_round_trip_carries_every_field() -> None:
-    s = spec(labels={"team": "vision", "odd": 'quote " colon: x\nnewline'},
-             simulated_gpus={"count": 2, "model": "Sim", "memory_mb": 1024},
-             metadata_url="http://127.0.0.1:9/", instance_id="i-1")
+    s = spec(
+        labels={"team": "vision", "odd": 'quote " colon: x\nnewline'},
+        simulated_gpus={"count": 2, "model": "Sim", "memory_mb": 1024},
+        metadata_url="http://127.0.0.1:9/",
+        instance_id="i-1",
+    )
     text = render_user_data(s)
     assert text.startswith("#cloud-config\n")
     assert parse_user_data(text) == s.to_dict()

@@ -24,8 +24,14 @@ OD = Offering("g.1", "on_demand", "z-a", 1, "A10G", 4, 16000, 1.0)
 
 
 def req(request_id: str, offering: Offering = SPOT, count: int = 1, owner: str = "test") -> LaunchRequest:
-    return LaunchRequest(request_id=request_id, pool="gpu", owner=owner, offering=offering, count=count,
-                         tags={"autoscaler-team": "vision"})
+    return LaunchRequest(
+        request_id=request_id,
+        pool="gpu",
+        owner=owner,
+        offering=offering,
+        count=count,
+        tags={"autoscaler-team": "vision"},
+    )
 
 
 @pytest.fixture

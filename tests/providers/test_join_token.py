@@ -29,9 +29,7 @@ OFFERING = Offering("g5.xlarge", "spot", None, 1, "A10G", 4, 16384, 0.45, region
 
 
 @pytest.fixture
-def server(
-    config: AutoscalerConfig, sessions: sessionmaker[Session], clock: ManualClock
-) -> Iterator[LiveServer]:
+def server(config: AutoscalerConfig, sessions: sessionmaker[Session], clock: ManualClock) -> Iterator[LiveServer]:
     live = LiveServer(make_context(config, sessions, clock)).start()
     yield live
     live.stop()
@@ -76,9 +74,7 @@ def register(url: str, token: str, instance_id: str) -> httpx.Response:
     )
 
 
-def test_join_token_registers_once_and_expires(
-    server: LiveServer, moto_ec2: MotoEC2, clock: ManualClock
-) -> None:
+def test_join_token_registers_once_and_expires(server: LiveServer, moto_ec2: MotoEC2, clock: ManualClock) -> None:
     token = issue_token(server.ctx, "join", pool=POOL, ttl=timedelta(minutes=30))
     from_user_data = launch_with_token(moto_ec2, server.url, token)
     assert from_user_data == token

@@ -37,19 +37,28 @@ def stub(code: str):  # type: ignore[no-untyped-def]
 
 
 def user_data() -> str:
-    return render_user_data(BootstrapSpec(server_url="http://127.0.0.1:9", pool="cpu", provider="local",
-                                          join_token=TOKEN))
+    return render_user_data(
+        BootstrapSpec(server_url="http://127.0.0.1:9", pool="cpu", provider="local", join_token=TOKEN)
+    )
 
 
 def request(rid: str, owner: str = "test", count: int = 1) -> LaunchRequest:
-    return LaunchRequest(request_id=rid, pool="cpu", owner=owner, offering=default_offering(None),
-                         count=count, user_data=user_data())
+    return LaunchRequest(
+        request_id=rid, pool="cpu", owner=owner, offering=default_offering(None), count=count, user_data=user_data()
+    )
 
 
 def provider(home: Path, code: str = STUB, **kw: object) -> LocalProvider:
-    return LocalProvider([], pool="cpu", home=home, command=stub(code),
-                         simulated_gpus={"count": 2, "model": "Sim", "memory_mb": 1024},
-                         labels={"site": "lab"}, stop_grace_s=2, **kw)  # type: ignore[arg-type]
+    return LocalProvider(
+        [],
+        pool="cpu",
+        home=home,
+        command=stub(code),
+        simulated_gpus={"count": 2, "model": "Sim", "memory_mb": 1024},
+        labels={"site": "lab"},
+        stop_grace_s=2,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def alive(pid: int) -> bool:
@@ -130,7 +139,10 @@ def test_terminate_stops_the_whole_process_group(local: LocalProvider) -> None:
 
 
 def test_an_agent_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
-    p = provider(tmp_path, STUBBORN, )
+    p = provider(
+        tmp_path,
+        STUBBORN,
+    )
     p.stop_grace_s = 0.3
     (inst,) = p.launch(request("r1"))
     pid = LocalRecord.load(p.instance_dir(inst.instance_id) / "instance.json").pid
@@ -170,8 +182,15 @@ def test_launch_without_a_bootstrap_is_refused(local: LocalProvider) -> None:
     with pytest.raises(InvalidRequest, match="needs user-data with a join token"):
         local.launch(bad)
     with pytest.raises(InvalidRequest, match="writes no"):
-        local.launch(LaunchRequest(request_id="r", pool="cpu", owner="test", offering=default_offering(None),
-                                   user_data="#cloud-config\n{}\n"))
+        local.launch(
+            LaunchRequest(
+                request_id="r",
+                pool="cpu",
+                owner="test",
+                offering=default_offering(None),
+                user_data="#cloud-config\n{}\n",
+            )
+        )
 
 
 def test_default_offering_reports_the_simulated_gpus(local: LocalProvider) -> None:

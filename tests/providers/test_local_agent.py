@@ -49,9 +49,7 @@ def test_local_instance_registers_with_the_live_server(
         while not registered:
             assert time.monotonic() < deadline, f"the agent never registered; its log:\n{log.read_text()}"
             assert local.list("test"), f"the agent exited; its log:\n{log.read_text()}"
-            registered = [
-                w for w in workers(live_server, admin_token) if w["instance_id"] == inst.instance_id
-            ]
+            registered = [w for w in workers(live_server, admin_token) if w["instance_id"] == inst.instance_id]
             time.sleep(0.2)
         (worker,) = registered
         assert worker["provider"] == "local" and worker["pool"] == POOL

@@ -28,14 +28,29 @@ def aws_config(moto_url: str, owner: str, port: int, db_url: str, **reconcile: A
         "server": {"port": port},
         "teams": [{"name": "vision"}],
         "queues": [{"name": "gpu", "pools": ["aws-gpu"]}],
-        "pools": [{
-            "name": "aws-gpu", "provider": "aws", "region": "us-east-1", "image": AMI,
-            "max_instances": 3, "boot_timeout_s": 3, "idle_timeout_s": 2,
-            "capacity_types": ["on_demand"],
-            "instance_types": [{"name": "g5.xlarge", "gpus": 1, "gpu_type": "A10G", "cpus": 4,
-                                "memory_mb": 16384, "on_demand_price": 1.0}],
-            "options": {"endpoint_url": moto_url, "launch_api": "run_instances", "max_attempts": 1},
-        }],
+        "pools": [
+            {
+                "name": "aws-gpu",
+                "provider": "aws",
+                "region": "us-east-1",
+                "image": AMI,
+                "max_instances": 3,
+                "boot_timeout_s": 3,
+                "idle_timeout_s": 2,
+                "capacity_types": ["on_demand"],
+                "instance_types": [
+                    {
+                        "name": "g5.xlarge",
+                        "gpus": 1,
+                        "gpu_type": "A10G",
+                        "cpus": 4,
+                        "memory_mb": 16384,
+                        "on_demand_price": 1.0,
+                    }
+                ],
+                "options": {"endpoint_url": moto_url, "launch_api": "run_instances", "max_attempts": 1},
+            }
+        ],
         "reconcile": {"interval_s": 0.5, "debounce_s": 0.1, "orphan_grace_s": 2, **reconcile},
     }
 
@@ -50,15 +65,25 @@ class ControlPlane:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, **env: str) -> ControlPlane:
-        environ = {**os.environ, "AUTOSCALER_HOME": str(self.home), "AWS_ACCESS_KEY_ID": "testing",
-                   "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", **env}
+        environ = {
+            **os.environ,
+            "AUTOSCALER_HOME": str(self.home),
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            **env,
+        }
         for key in ("AUTOSCALER_CONFIG", "AUTOSCALER_CRASH_AT", "AUTOSCALER_CRASH_SKIP"):
             if key not in env:
                 environ.pop(key, None)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "autoscaler", "up", "-c", str(self.config_path)],
-                env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+                env=environ,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=REPO,
             )
         return self
 
@@ -102,4 +127,3 @@ def until(what: str, probe: Callable[[], Any], timeout_s: float, cp: ControlPlan
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}" + (f"; log:\n{cp.tail()}" if cp else ""))
-

@@ -40,8 +40,11 @@ def live_instances(moto: MotoEC2, owner: str) -> list[dict[str, Any]]:
     ec2 = moto.client()
     out = []
     pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
-                 {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+        Filters=[
+            {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
+            {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
+        ]
+    )
     for page in pages:
         for res in page["Reservations"]:
             for inst in res["Instances"]:
@@ -66,8 +69,11 @@ def check_invariants(moto: MotoEC2, owner: str, db_url: str, where: str) -> dict
     dupes = {k: n for k, n in by_request.items() if n > 1}
     assert not dupes, f"{where}: two live instances for one launch: {dupes}"
     by_rid = {r.request_id: r for r in rows}
-    rebound = [i for i in live if i["request_id"] in by_rid and by_rid[i["request_id"]].provider_instance_id
-               not in (None, i["id"])]
+    rebound = [
+        i
+        for i in live
+        if i["request_id"] in by_rid and by_rid[i["request_id"]].provider_instance_id not in (None, i["id"])
+    ]
     assert not rebound, f"{where}: a record points at another instance than the one launched for it: {rebound}"
     untracked = [i for i in live if i["request_id"] not in recorded]
     assert not untracked, f"{where}: live instances whose launch was never recorded: {untracked}"
@@ -85,8 +91,9 @@ def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]]) ->
     try:
         with cp.api() as api:
             for i in range(TASKS):
-                r = api.post("/api/v1/tasks", json={"queue": "gpu", "gpus": 1, "team": "vision",
-                                                    "command": ["train", str(i)]})
+                r = api.post(
+                    "/api/v1/tasks", json={"queue": "gpu", "gpus": 1, "team": "vision", "command": ["train", str(i)]}
+                )
                 assert r.status_code == 201, r.text
         until("a first launch", lambda: live_instances(moto, owner), 30, cp)
         cp.kill()
@@ -123,8 +130,9 @@ def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]]) ->
 def _no_secret_but_join_tokens(moto: MotoEC2, db_url: str) -> None:
     """User-data carries a one-time join token and nothing else secret; decision
     records carry no token at all."""
-    user_data = [base64.b64decode(c.params.get("UserData", "")).decode(errors="replace")
-                 for c in moto.calls("RunInstances")]
+    user_data = [
+        base64.b64decode(c.params.get("UserData", "")).decode(errors="replace") for c in moto.calls("RunInstances")
+    ]
     assert user_data, "no launch was observed"
     for ud in user_data:
         assert "asj_" in ud, "a launch without a join token"

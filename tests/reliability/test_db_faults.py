@@ -32,8 +32,9 @@ def own_pg() -> Iterator[PostgresServer]:
     server.stop()
 
 
-def _load(url: str, headers: dict[str, str], worker: tuple[str, str], stop: threading.Event,
-          out: dict[str, Any]) -> None:
+def _load(
+    url: str, headers: dict[str, str], worker: tuple[str, str], stop: threading.Event, out: dict[str, Any]
+) -> None:
     wid, wtoken = worker
     with httpx.Client(base_url=url, timeout=30) as c:
         while not stop.is_set():
@@ -66,12 +67,17 @@ def test_postgres_restart_under_load(own_pg: PostgresServer, config: Any) -> Non
     try:
         team = {"Authorization": f"Bearer {issue_token(ctx, 'team', team='vision')}"}
         join = issue_token(ctx, "join", pool="cpu-pool", ttl=timedelta(hours=1))
-        reg = httpx.post(f"{server.url}/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                         json={"hostname": "h", "instance_id": "i-1", "provider": "fake", "pool": "cpu-pool"}).json()
+        reg = httpx.post(
+            f"{server.url}/api/v1/workers/register",
+            headers={"Authorization": f"Bearer {join}"},
+            json={"hostname": "h", "instance_id": "i-1", "provider": "fake", "pool": "cpu-pool"},
+        ).json()
         out: dict[str, Any] = {"codes": [], "bodies": [], "acked": [], "transport": []}
         stop = threading.Event()
-        threads = [threading.Thread(target=_load, args=(server.url, team, (reg["worker_id"], reg["worker_token"]),
-                                                        stop, out)) for _ in range(4)]
+        threads = [
+            threading.Thread(target=_load, args=(server.url, team, (reg["worker_id"], reg["worker_token"]), stop, out))
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
         time.sleep(1.0)

@@ -60,12 +60,25 @@ def _fill(engine: Engine) -> None:
         _, join = create_token(s, kind="join", now=now, pool="gpu-pool", ttl=timedelta(hours=1))
         create_token(s, kind="team", now=now, team="vision")
         worker, _ = worker_ops.register(
-            s, join, worker_ops.Registration(hostname="h", instance_id="i-1", provider="fake", pool="gpu-pool",
-                                             gpus=[{"index": 0, "model": "A10G"}], cpus=4, memory_mb=1000,
-                                             simulated_gpus=True, agent_version="t"), now=now)
+            s,
+            join,
+            worker_ops.Registration(
+                hostname="h",
+                instance_id="i-1",
+                provider="fake",
+                pool="gpu-pool",
+                gpus=[{"index": 0, "model": "A10G"}],
+                cpus=4,
+                memory_mb=1000,
+                simulated_gpus=True,
+                agent_version="t",
+            ),
+            now=now,
+        )
         for i in range(3):
-            task_ops.enqueue(s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision",
-                             now=now)
+            task_ops.enqueue(
+                s, task_ops.TaskSpec(queue="gpu", command=["echo", str(i)], gpus=1), team="vision", now=now
+            )
     with transaction(sessions) as s:
         task = task_ops.lease(s, worker.id, now=now)
         assert task is not None

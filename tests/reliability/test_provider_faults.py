@@ -42,8 +42,15 @@ def policy() -> Any:
 
 
 @pytest.mark.parametrize("code,status", FAULTS, ids=[c for c, _ in FAULTS])
-def test_loop_backs_off_and_converges(tmp_path: Path, moto_ec2: MotoEC2, policy: Any, code: str,
-                                      status: int, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loop_backs_off_and_converges(
+    tmp_path: Path,
+    moto_ec2: MotoEC2,
+    policy: Any,
+    code: str,
+    status: int,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
         monkeypatch.setenv(key, value)
     owner = unique_owner("fault")
@@ -56,8 +63,9 @@ def test_loop_backs_off_and_converges(tmp_path: Path, moto_ec2: MotoEC2, policy:
     with transaction(sessions) as s:
         sync_from_config(s, config, now=clock.now())
         for i in range(WANTED):
-            task_ops.enqueue(s, task_ops.TaskSpec(queue="gpu", command=["t", str(i)], gpus=1), team="vision",
-                             now=clock.now())
+            task_ops.enqueue(
+                s, task_ops.TaskSpec(queue="gpu", command=["t", str(i)], gpus=1), team="vision", now=clock.now()
+            )
     pool = config.pools[0]
     provider = build_provider(pool, deployment=owner, home=tmp_path)
     rec = Reconciler(sessions, config, clock, {pool.name: provider}, policy)
@@ -86,8 +94,11 @@ def test_loop_backs_off_and_converges(tmp_path: Path, moto_ec2: MotoEC2, policy:
     booting = count(Instance, Instance.state.in_(("booting", "ready")))
     assert booting == WANTED, f"did not converge: {booting} instances up, wanted {WANTED}"
     live = moto_ec2.client().describe_instances(
-        Filters=[{"Name": "tag:autoscaler-owner", "Values": [owner]},
-                 {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        Filters=[
+            {"Name": "tag:autoscaler-owner", "Values": [owner]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )
     assert sum(len(r["Instances"]) for r in live["Reservations"]) == WANTED  # no duplicate from retries
     engine.dispose()
 

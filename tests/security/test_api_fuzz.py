@@ -38,12 +38,16 @@ def fuzz_world(ctx: Any) -> dict[str, Any]:
     app.state.limiter.max_failures = 10**9
     client = TestClient(app)
     join = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
-    reg = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                      json={"hostname": "h", "instance_id": "i-fuzz", "provider": "fake", "pool": "gpu-pool"})
+    reg = client.post(
+        "/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {join}"},
+        json={"hostname": "h", "instance_id": "i-fuzz", "provider": "fake", "pool": "gpu-pool"},
+    )
     assert reg.status_code == 201, reg.text
     team = issue_token(ctx, "team", team="vision")
-    task = client.post("/api/v1/tasks", headers={"Authorization": f"Bearer {team}"},
-                       json={"queue": "gpu", "command": ["true"]})
+    task = client.post(
+        "/api/v1/tasks", headers={"Authorization": f"Bearer {team}"}, json={"queue": "gpu", "command": ["true"]}
+    )
     assert task.status_code == 201, task.text
     return {
         "app": app,

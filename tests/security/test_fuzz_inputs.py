@@ -30,11 +30,36 @@ CI = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthC
 LONG = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20))
-yaml_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=12)
-KEYS = ["deployment", "database_url", "server", "teams", "queues", "pools", "policy", "reconcile", "host", "port",
-        "name", "provider", "max_instances", "min_instances", "instance_types", "capacity_types", "zones",
-        "options", "interval_s", "tls_terminated_upstream", "simulated_gpus", "count", "gpus"]
+yaml_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
+KEYS = [
+    "deployment",
+    "database_url",
+    "server",
+    "teams",
+    "queues",
+    "pools",
+    "policy",
+    "reconcile",
+    "host",
+    "port",
+    "name",
+    "provider",
+    "max_instances",
+    "min_instances",
+    "instance_types",
+    "capacity_types",
+    "zones",
+    "options",
+    "interval_s",
+    "tls_terminated_upstream",
+    "simulated_gpus",
+    "count",
+    "gpus",
+]
 
 
 def _mutate(base: Any, data: st.DataObject) -> Any:
@@ -46,17 +71,19 @@ def _mutate(base: Any, data: st.DataObject) -> Any:
         return copy
     if isinstance(base, list) and base and data.draw(st.booleans()):
         i = data.draw(st.integers(0, len(base) - 1))
-        return [*base[:i], _mutate(base[i], data), *base[i + 1:]]
+        return [*base[:i], _mutate(base[i], data), *base[i + 1 :]]
     return data.draw(yaml_values)
 
 
 def _config_case(data: st.DataObject) -> None:
     base = yaml.safe_load(TEST_CONFIG)
-    text = data.draw(st.one_of(
-        st.text(max_size=200),  # not even YAML, most of the time
-        st.builds(lambda v: yaml.safe_dump(v), yaml_values),
-        st.just(None).map(lambda _: yaml.safe_dump(_mutate(base, data))),
-    ))
+    text = data.draw(
+        st.one_of(
+            st.text(max_size=200),  # not even YAML, most of the time
+            st.builds(lambda v: yaml.safe_dump(v), yaml_values),
+            st.just(None).map(lambda _: yaml.safe_dump(_mutate(base, data))),
+        )
+    )
     try:
         parse_config(text, Path("fuzz.yaml"))
     except ConfigError as exc:
@@ -80,12 +107,51 @@ def test_config_loader_never_crashes_long(data: st.DataObject) -> None:
 
 # ---------------------------------------------------------------- CLI
 
-SAFE_COMMANDS = [["enqueue"], ["tasks"], ["logs"], ["cancel"], ["queues"], ["workers"], ["instances"], ["explain"],
-                 ["spend"], ["task"], ["token"], ["token", "create"], ["policy", "check"], ["policy", "eval"],
-                 ["policy", "test"], ["nonsense"]]
-WORDS = ["--queue", "--gpus", "--json", "--limit", "--state", "--team", "--token", "--month", "--format", "--join",
-         "--pool", "--ttl", "--", "-1", "0", "1e999", "99999999999999999999", "../../etc", "gpu", "", " ", "é",
-         "--help", "x" * 300, "--server"]
+SAFE_COMMANDS = [
+    ["enqueue"],
+    ["tasks"],
+    ["logs"],
+    ["cancel"],
+    ["queues"],
+    ["workers"],
+    ["instances"],
+    ["explain"],
+    ["spend"],
+    ["task"],
+    ["token"],
+    ["token", "create"],
+    ["policy", "check"],
+    ["policy", "eval"],
+    ["policy", "test"],
+    ["nonsense"],
+]
+WORDS = [
+    "--queue",
+    "--gpus",
+    "--json",
+    "--limit",
+    "--state",
+    "--team",
+    "--token",
+    "--month",
+    "--format",
+    "--join",
+    "--pool",
+    "--ttl",
+    "--",
+    "-1",
+    "0",
+    "1e999",
+    "99999999999999999999",
+    "../../etc",
+    "gpu",
+    "",
+    " ",
+    "é",
+    "--help",
+    "x" * 300,
+    "--server",
+]
 
 
 def _run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, dead_url: str) -> tuple[int, str]:
@@ -104,9 +170,14 @@ def _run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, dead_url: str) ->
 
 def _cli_case(data: st.DataObject, monkeypatch: pytest.MonkeyPatch, dead_url: str) -> None:
     argv = data.draw(st.sampled_from(SAFE_COMMANDS)) + data.draw(
-        st.lists(st.one_of(st.sampled_from(WORDS), st.text(
-            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)),
-            max_size=6))
+        st.lists(
+            st.one_of(
+                st.sampled_from(WORDS),
+                st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+            ),
+            max_size=6,
+        )
+    )
     code, output = _run_cli(argv, monkeypatch, dead_url)
     assert code in (0, 1, 2), (argv, code, output[-500:])
     assert "Traceback" not in output, (argv, output[-1500:])
@@ -133,17 +204,46 @@ def test_cli_arguments_never_crash(dead_server: str, monkeypatch: pytest.MonkeyP
 
 # ---------------------------------------------------------------- Rego
 
+
 def _mutations(source: str, rng: random.Random) -> str:
-    tokens = ["{", "}", "[", "]", "(", ")", "if", "contains", "some", "every", "in", ":=", "=", "==", "not",
-              "default", "import rego.v1", "package", '"', "input.", "data.", "with input as {}", "\n", "x",
-              "count(", "sum([", "1e400", "null", "_"]
+    tokens = [
+        "{",
+        "}",
+        "[",
+        "]",
+        "(",
+        ")",
+        "if",
+        "contains",
+        "some",
+        "every",
+        "in",
+        ":=",
+        "=",
+        "==",
+        "not",
+        "default",
+        "import rego.v1",
+        "package",
+        '"',
+        "input.",
+        "data.",
+        "with input as {}",
+        "\n",
+        "x",
+        "count(",
+        "sum([",
+        "1e400",
+        "null",
+        "_",
+    ]
     text = source
     for _ in range(rng.randint(1, 4)):
         i = rng.randint(0, len(text))
         if rng.random() < 0.5:
             text = text[:i] + rng.choice(tokens) + text[i:]
         else:
-            text = text[:i] + text[i + rng.randint(1, 40):]
+            text = text[:i] + text[i + rng.randint(1, 40) :]
     return text
 
 

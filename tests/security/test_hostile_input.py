@@ -22,11 +22,17 @@ def api(ctx: Any) -> dict[str, Any]:
     client = TestClient(app, raise_server_exceptions=False)
     team = {"Authorization": f"Bearer {issue_token(ctx, 'team', team='vision')}"}
     join = issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
-    reg = client.post("/api/v1/workers/register", headers={"Authorization": f"Bearer {join}"},
-                      json={"hostname": "h", "instance_id": "i-1", "provider": "fake", "pool": "gpu-pool",
-                            "gpus": [{"index": 0}]}).json()
-    return {"client": client, "team": team, "worker": {"Authorization": f"Bearer {reg['worker_token']}"},
-            "wid": reg["worker_id"]}
+    reg = client.post(
+        "/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {join}"},
+        json={"hostname": "h", "instance_id": "i-1", "provider": "fake", "pool": "gpu-pool", "gpus": [{"index": 0}]},
+    ).json()
+    return {
+        "client": client,
+        "team": team,
+        "worker": {"Authorization": f"Bearer {reg['worker_token']}"},
+        "wid": reg["worker_id"],
+    }
 
 
 def _clear_4xx(r: Any, *words: str) -> None:
@@ -42,24 +48,33 @@ def _clear_4xx(r: Any, *words: str) -> None:
 # registered worker) costs more than the requests.
 def test_working_dir_path_tricks_refused(api: dict[str, Any]) -> None:
     for working_dir in ["../etc", "/a/../../etc/shadow", "relative/dir", "/x/..", ".."]:
-        r = api["client"].post("/api/v1/tasks", headers=api["team"],
-                               json={"queue": "gpu", "command": ["true"], "working_dir": working_dir})
+        r = api["client"].post(
+            "/api/v1/tasks", headers=api["team"], json={"queue": "gpu", "command": ["true"], "working_dir": working_dir}
+        )
         _clear_4xx(r, "working_dir")
 
 
 def test_clean_working_dir_is_normalised(api: dict[str, Any]) -> None:
-    r = api["client"].post("/api/v1/tasks", headers=api["team"],
-                           json={"queue": "gpu", "command": ["true"], "working_dir": "/data//runs/./a"})
+    r = api["client"].post(
+        "/api/v1/tasks",
+        headers=api["team"],
+        json={"queue": "gpu", "command": ["true"], "working_dir": "/data//runs/./a"},
+    )
     assert r.status_code == 201 and r.json()["working_dir"] == "/data/runs/a"
 
 
 def test_nul_bytes_in_text_fields_are_a_4xx(api: dict[str, Any]) -> None:
     # PostgreSQL cannot store U+0000 in text; SQLite can. Both must answer the same 4xx.
-    cases = [("command", ["echo", "a\x00b"]), ("env", {"K": "v\x00"}), ("gpu_type", "A10\x00G"),
-             ("working_dir", "/ok/\x00/nul")]
+    cases = [
+        ("command", ["echo", "a\x00b"]),
+        ("env", {"K": "v\x00"}),
+        ("gpu_type", "A10\x00G"),
+        ("working_dir", "/ok/\x00/nul"),
+    ]
     for field, value in cases:
-        r = api["client"].post("/api/v1/tasks", headers=api["team"],
-                               json={"queue": "gpu", "command": ["x"], field: value})
+        r = api["client"].post(
+            "/api/v1/tasks", headers=api["team"], json={"queue": "gpu", "command": ["x"], field: value}
+        )
         _clear_4xx(r, "NUL")
 
 
@@ -67,8 +82,11 @@ def test_nul_byte_in_log_chunk_is_a_4xx(api: dict[str, Any]) -> None:
     c = api["client"]
     c.post("/api/v1/tasks", headers=api["team"], json={"queue": "gpu", "command": ["x"], "gpus": 1})
     task = c.post(f"/api/v1/workers/{api['wid']}/lease", headers=api["worker"]).json()["task"]
-    r = c.post(f"/api/v1/workers/{api['wid']}/tasks/{task['id']}/logs", headers=api["worker"],
-               json={"chunks": [{"stream": "stdout", "data": "bad\x00byte"}]})
+    r = c.post(
+        f"/api/v1/workers/{api['wid']}/tasks/{task['id']}/logs",
+        headers=api["worker"],
+        json={"chunks": [{"stream": "stdout", "data": "bad\x00byte"}]},
+    )
     _clear_4xx(r)
 
 
@@ -102,15 +120,19 @@ MALFORMED = [
 
 def test_malformed_bodies(api: dict[str, Any]) -> None:
     for body in MALFORMED:
-        r = api["client"].post("/api/v1/tasks", headers={**api["team"], "content-type": "application/json"},
-                               content=body)
+        r = api["client"].post(
+            "/api/v1/tasks", headers={**api["team"], "content-type": "application/json"}, content=body
+        )
         assert r.status_code == 422, (body[:40], r.text[:300])
         _clear_4xx(r)
 
 
 def test_lying_content_length_refused(api: dict[str, Any]) -> None:
-    r = api["client"].post("/api/v1/tasks", headers={**api["team"], "content-length": "99999999999",
-                                                     "content-type": "application/json"}, content=b"{}")
+    r = api["client"].post(
+        "/api/v1/tasks",
+        headers={**api["team"], "content-length": "99999999999", "content-type": "application/json"},
+        content=b"{}",
+    )
     assert r.status_code == 413
 
 

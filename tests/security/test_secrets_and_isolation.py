@@ -37,9 +37,17 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 def _register(client: TestClient, join: str, instance: str) -> dict[str, Any]:
-    r = client.post("/api/v1/workers/register", headers=_bearer(join),
-                    json={"hostname": instance, "instance_id": instance, "provider": "fake", "pool": "gpu-pool",
-                          "gpus": [{"index": 0, "model": "A10G"}]})
+    r = client.post(
+        "/api/v1/workers/register",
+        headers=_bearer(join),
+        json={
+            "hostname": instance,
+            "instance_id": instance,
+            "provider": "fake",
+            "pool": "gpu-pool",
+            "gpus": [{"index": 0, "model": "A10G"}],
+        },
+    )
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -58,9 +66,13 @@ def world(ctx: Any, caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
     worker_a = _register(client, join["token"], "i-a")
     worker_b = _register(client, issue_token(ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1)), "i-b")
     return {
-        "client": client, "admin": admin, "join": join["token"],
-        "vision": team_tokens["vision"].json()["token"], "nlp": team_tokens["nlp"].json()["token"],
-        "a": worker_a, "b": worker_b,
+        "client": client,
+        "admin": admin,
+        "join": join["token"],
+        "vision": team_tokens["vision"].json()["token"],
+        "nlp": team_tokens["nlp"].json()["token"],
+        "a": worker_a,
+        "b": worker_b,
     }
 
 
@@ -118,13 +130,19 @@ def test_join_token_is_bound_to_its_first_instance_and_expires(world: dict[str, 
     lease = c.post(f"{old}/lease", headers=old_auth)
     assert lease.status_code >= 400 or lease.json()["task"] is None, lease.text
     # ... another instance is not.
-    r = c.post("/api/v1/workers/register", headers=_bearer(world["join"]),
-               json={"hostname": "x", "instance_id": "i-other", "provider": "fake", "pool": "gpu-pool"})
+    r = c.post(
+        "/api/v1/workers/register",
+        headers=_bearer(world["join"]),
+        json={"hostname": "x", "instance_id": "i-other", "provider": "fake", "pool": "gpu-pool"},
+    )
     assert r.status_code == 403
     # A join token for one pool cannot register into another.
     other_pool = issue_token(ctx, "join", pool="cpu-pool", ttl=timedelta(hours=1))
-    r = c.post("/api/v1/workers/register", headers=_bearer(other_pool),
-               json={"hostname": "x", "instance_id": "i-c", "provider": "fake", "pool": "gpu-pool"})
+    r = c.post(
+        "/api/v1/workers/register",
+        headers=_bearer(other_pool),
+        json={"hostname": "x", "instance_id": "i-c", "provider": "fake", "pool": "gpu-pool"},
+    )
     assert r.status_code == 403 and "cpu-pool" in r.json()["detail"]
     # Join tokens made through the API expire by default.
     with ctx.sessions() as s:
@@ -146,8 +164,12 @@ def test_worker_cannot_touch_another_workers_task(world: dict[str, Any]) -> None
     for base in (base_own, base_other):  # through its own id, and impersonating B
         assert c.post(f"{base}/start", headers=a_auth).status_code == 404
         assert c.post(f"{base}/finish", headers=a_auth, json={"reason": "exit", "exit_code": 0}).status_code == 404
-        assert c.post(f"{base}/logs", headers=a_auth,
-                      json={"chunks": [{"stream": "stdout", "data": "forged"}]}).status_code == 404
+        assert (
+            c.post(
+                f"{base}/logs", headers=a_auth, json={"chunks": [{"stream": "stdout", "data": "forged"}]}
+            ).status_code
+            == 404
+        )
     assert c.post(f"/api/v1/workers/{b['worker_id']}/deregister", headers=a_auth).status_code == 404
     # B's task is untouched: still leased by B, no forged logs.
     got = c.get(f"/api/v1/tasks/{task['id']}", headers=_bearer(world["admin"])).json()
@@ -160,16 +182,22 @@ def test_worker_cannot_touch_another_workers_task(world: dict[str, Any]) -> None
 
 def test_team_isolation_for_logs_and_metrics(world: dict[str, Any]) -> None:
     c = world["client"]
-    task = c.post("/api/v1/tasks", headers=_bearer(world["vision"]),
-                  json={"queue": "gpu", "command": ["x"], "gpus": 1}).json()
+    task = c.post(
+        "/api/v1/tasks", headers=_bearer(world["vision"]), json={"queue": "gpu", "command": ["x"], "gpus": 1}
+    ).json()
     a = world["a"]
     leased = c.post(f"/api/v1/workers/{a['worker_id']}/lease", headers=_bearer(a["worker_token"])).json()["task"]
     assert leased["id"] == task["id"]
-    r = c.post(f"/api/v1/workers/{a['worker_id']}/tasks/{task['id']}/logs", headers=_bearer(a["worker_token"]),
-               json={"chunks": [{"stream": "stdout", "data": "vision-secret-output"}]})
+    r = c.post(
+        f"/api/v1/workers/{a['worker_id']}/tasks/{task['id']}/logs",
+        headers=_bearer(a["worker_token"]),
+        json={"chunks": [{"stream": "stdout", "data": "vision-secret-output"}]},
+    )
     assert r.status_code == 200
-    assert c.get(f"/api/v1/tasks/{task['id']}/logs", headers=_bearer(world["vision"])).json()[0]["data"] == \
-        "vision-secret-output"
+    assert (
+        c.get(f"/api/v1/tasks/{task['id']}/logs", headers=_bearer(world["vision"])).json()[0]["data"]
+        == "vision-secret-output"
+    )
     assert c.get(f"/api/v1/tasks/{task['id']}/logs", headers=_bearer(world["nlp"])).status_code == 404
     c.post("/api/v1/tasks", headers=_bearer(world["nlp"]), json={"queue": "cpu", "command": ["y"]})
     nlp_metrics = c.get("/metrics", headers=_bearer(world["nlp"]))
@@ -187,8 +215,7 @@ def test_no_token_in_log_output(world: dict[str, Any], caplog: pytest.LogCapture
     c.get("/api/v1/tasks", headers=_bearer(world["join"]))
     c.get("/api/v1/tasks", headers=_bearer(world["a"]["worker_token"] + "x"))
     c.post("/api/v1/workers/register", headers=_bearer(world["join"]), json={"bad": 1})
-    c.post(f"/api/v1/workers/{world['b']['worker_id']}/heartbeat", headers=_bearer(world["a"]["worker_token"]),
-           json={})
+    c.post(f"/api/v1/workers/{world['b']['worker_id']}/heartbeat", headers=_bearer(world["a"]["worker_token"]), json={})
     c.post("/api/v1/tokens", headers=_bearer(world["admin"]), json={"kind": "join", "pool": "nope"})
     text_logged = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     for plaintext in _all_plaintexts(world):
@@ -209,7 +236,10 @@ def test_cli_server_refuses_public_address_with_one_line(tmp_path: Any) -> None:
     # The real command: exits 1 with a message and no traceback, and never binds.
     proc = subprocess.run(
         [sys.executable, "-m", "autoscaler", "server", "--host", "0.0.0.0", "--port", "0", "--home", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "tls" in proc.stderr.lower() and "Traceback" not in proc.stderr

@@ -19,7 +19,9 @@ def one_pool(teams: tuple[str, ...], *, spot: float = 1.0, on_demand: float = 2.
         provider="fake",
         region="us-east-1",
         zones=["us-east-1a"],
-        instance_types=[InstanceTypeConfig(name="g1", gpus=gpus, gpu_type="V100", on_demand_price=on_demand, spot_price=spot)],
+        instance_types=[
+            InstanceTypeConfig(name="g1", gpus=gpus, gpu_type="V100", on_demand_price=on_demand, spot_price=spot)
+        ],
         max_instances=50,
         idle_timeout_s=300,
     )
@@ -51,5 +53,7 @@ def policy_with_budgets(tmp: Path, budgets_yaml: str) -> Path:
     return target
 
 
-def run(workload: Workload, config: AutoscalerConfig, tmp: Path, sim: SimSettings, policy: Path | None = None) -> SimOutcome:
+def run(
+    workload: Workload, config: AutoscalerConfig, tmp: Path, sim: SimSettings, policy: Path | None = None
+) -> SimOutcome:
     return run_simulation(workload, config, policy_dir=policy, settings=sim, workdir=tmp)

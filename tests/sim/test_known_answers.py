@@ -36,8 +36,10 @@ def test_burst_beyond_budget_is_held_with_the_exact_alerts(tmp_path: Path) -> No
     # two $1/h machines. Their forecast (2 x ~12 h = ~$24) crosses the 50 % threshold
     # and no other, so the only alert is a forecast info at 50 %; the other two tasks
     # wait for the first two to finish and run on the same machines.
-    budgets = "thresholds_pct: [50, 80, 100]\ndefault: {monthly_usd: null, kind: soft}\n" \
-              "teams:\n  lab: {monthly_usd: 30, kind: hard}\n"
+    budgets = (
+        "thresholds_pct: [50, 80, 100]\ndefault: {monthly_usd: null, kind: soft}\n"
+        "teams:\n  lab: {monthly_usd: 30, kind: hard}\n"
+    )
     policy = policy_with_budgets(tmp_path, budgets)
     start = datetime(2026, 1, 31, 12, tzinfo=UTC)
     wl = tasks(*[("lab", 0.0, 7200.0, 1)] * 4)
@@ -58,8 +60,10 @@ def test_budget_spent_freezes_and_drains_in_the_next_month(tmp_path: Path) -> No
     # One hour before the month ends, $2 of hard budget lets two $1/h machines start.
     # At the month turn the forecast restarts at 2 x 672 h: scale-up freezes (a critical
     # forecast alert) and the remaining work waits while the frozen team's machines run.
-    budgets = "thresholds_pct: [50, 80, 100]\ndefault: {monthly_usd: null, kind: soft}\n" \
-              "teams:\n  lab: {monthly_usd: 2, kind: hard}\n"
+    budgets = (
+        "thresholds_pct: [50, 80, 100]\ndefault: {monthly_usd: null, kind: soft}\n"
+        "teams:\n  lab: {monthly_usd: 2, kind: hard}\n"
+    )
     policy = policy_with_budgets(tmp_path, budgets)
     start = datetime(2026, 1, 31, 23, tzinfo=UTC)
     wl = tasks(*[("lab", 0.0, 3 * 3600.0, 1)] * 3)

@@ -61,7 +61,9 @@ def test_bad_spec_is_one_clear_error(spec: str, needle: str) -> None:
 def test_cli_prints_one_line_for_a_missing_trace(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "autoscaler", "simulate", "--workload", "philly:/no/such/dir", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
@@ -71,9 +73,21 @@ def test_cli_prints_one_line_for_a_missing_trace(tmp_path: Path) -> None:
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path),
-         "--checkpoint-every", "30"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "autoscaler",
+            "simulate",
+            "--workload",
+            "synthetic:2:6",
+            "--out",
+            str(tmp_path),
+            "--checkpoint-every",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     import json

@@ -32,9 +32,7 @@ def budget_config(policy_dir: Path, budgets: dict[str, float]) -> AutoscalerConf
 class Agent:
     """A worker speaking the agent protocol over HTTP, step by step."""
 
-    def __init__(
-        self, url: str, admin_token: str, pool: str = "gpu-pool", instance_id: str = "i-test"
-    ) -> None:
+    def __init__(self, url: str, admin_token: str, pool: str = "gpu-pool", instance_id: str = "i-test") -> None:
         self.http = httpx.Client(base_url=url, timeout=10)
         join = self._ok(
             self.http.post(

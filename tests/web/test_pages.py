@@ -32,15 +32,11 @@ def test_login_errors_and_redirects(live_server: LiveServer, admin_token: str) -
     anonymous = httpx.get(f"{url}/fleet?all=1", timeout=10)
     assert anonymous.status_code == 303 and anonymous.headers["location"] == "/login?next=%2Ffleet%3Fall%3D1"
     bad = httpx.post(f"{url}/login", data={"token": "ast_wrong"}, timeout=10)
-    assert (
-        bad.status_code == 401 and "invalid or expired token" in bad.text and "set-cookie" not in bad.headers
-    )
+    assert bad.status_code == 401 and "invalid or expired token" in bad.text and "set-cookie" not in bad.headers
     worker_kind = issue_token(live_server.ctx, "join", pool="gpu-pool")
     refused = httpx.post(f"{url}/login", data={"token": worker_kind}, timeout=10)
     assert refused.status_code == 403 and "admin or a team token" in refused.text
-    open_redirect = httpx.post(
-        f"{url}/login", data={"token": admin_token, "next": "//evil.example/"}, timeout=10
-    )
+    open_redirect = httpx.post(f"{url}/login", data={"token": admin_token, "next": "//evil.example/"}, timeout=10)
     assert open_redirect.headers["location"] == "/"
     http = _session(url, admin_token)
     assert http.get("/tasks?state=bogus").status_code == 422
@@ -55,9 +51,7 @@ def test_login_errors_and_redirects(live_server: LiveServer, admin_token: str) -
     assert logout.status_code == 303 and 'autoscaler_session=""' in logout.headers["set-cookie"]
 
 
-def test_decisions_charts_and_fleet_render_for_the_right_viewer(
-    live_server: LiveServer, admin_token: str
-) -> None:
+def test_decisions_charts_and_fleet_render_for_the_right_viewer(live_server: LiveServer, admin_token: str) -> None:
     ctx, url = live_server.ctx, live_server.url
     now = ctx.clock.now()
     agent = Agent(url, admin_token, instance_id="i-vision-vm")
@@ -75,9 +69,7 @@ def test_decisions_charts_and_fleet_render_for_the_right_viewer(
                     {"team": "nlp", "message": "nlp at 85 % of budget"},
                 ],
                 plan={"launch": [{"pool": "gpu-pool"}], "drain": []},
-                result={
-                    "teams": {"vision": {"may_scale_up": False, "reasons": ["vision forecast over budget"]}}
-                },
+                result={"teams": {"vision": {"may_scale_up": False, "reasons": ["vision forecast over budget"]}}},
             )
         )
         for i in range(5):
@@ -98,11 +90,7 @@ def test_decisions_charts_and_fleet_render_for_the_right_viewer(
 
     vision = _session(url, issue_token(ctx, "team", team="vision"))
     decisions = vision.get("/decisions").text
-    assert (
-        "rev-abc123" in decisions
-        and "may not grow" in decisions
-        and "vision forecast over budget" in decisions
-    )
+    assert "rev-abc123" in decisions and "may not grow" in decisions and "vision forecast over budget" in decisions
     assert "cheapest that fits" not in decisions and "nlp" not in decisions
     charts = vision.get("/charts").text
     assert charts.count('<svg class="chart"') == 1 and "Queue depth" not in charts and "nlp" not in charts

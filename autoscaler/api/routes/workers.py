@@ -105,9 +105,7 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
 def append_logs(worker_id: str, task_id: str, body: LogsIn, auth: Auth, ctx: Ctx) -> dict[str, int]:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        n = task_ops.append_logs(
-            s, worker_id, task_id, [(c.stream, c.data) for c in body.chunks], now=ctx.clock.now()
-        )
+        n = task_ops.append_logs(s, worker_id, task_id, [(c.stream, c.data) for c in body.chunks], now=ctx.clock.now())
     return {"accepted": n}
 
 
@@ -144,6 +142,10 @@ def drain(worker_id: str, body: DrainIn, auth: Auth, ctx: Ctx) -> Worker:
     with tx(ctx) as s:
         auth.admin(s)
         return ops.drain(
-            s, worker_id, now=ctx.clock.now(), deadline_s=body.deadline_s, reason=body.reason,
+            s,
+            worker_id,
+            now=ctx.clock.now(),
+            deadline_s=body.deadline_s,
+            reason=body.reason,
             only_if_idle=body.only_if_idle,
         )
