@@ -9,10 +9,12 @@ template, which costs milliseconds instead of a migration run.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +39,21 @@ from tests.pgserver import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 _counter = itertools.count()
+# Agents started as root run tasks as the unprivileged `autoscaler-task` user. Most
+# tests' task commands are this test process's interpreter, which may live where
+# that user cannot reach (a Python under /root), so agents these tests start by any
+# route run tasks as root, explicitly allowed: through the environment (local
+# provider) and FAST_AGENT's flags (Slurm jobs, which do not inherit it). The tests
+# of the unprivileged path (tests/agent/test_task_user.py) clear these. Agents keep
+# their worker token in a state dir (root's default: /var/lib/autoscaler-agent);
+# tests' agents keep theirs in a throwaway one.
+_ROOT_TASKS = ["--run-as=root", "--allow-root-tasks"] if os.geteuid() == 0 else []
+if os.geteuid() == 0:
+    os.environ.setdefault("AUTOSCALER_RUN_AS", "root")
+    os.environ.setdefault("AUTOSCALER_ALLOW_ROOT_TASKS", "1")
+if "AUTOSCALER_STATE_DIR" not in os.environ:
+    os.environ["AUTOSCALER_STATE_DIR"] = tempfile.mkdtemp(prefix="autoscaler-test-agent-state-")
+    atexit.register(shutil.rmtree, os.environ["AUTOSCALER_STATE_DIR"], True)
 # Agent intervals shrunk so a whole lifecycle takes seconds (agents started by a
 # provider: Slurm jobs, the hybrid end to end); tests/agent keeps its own, finer set.
 FAST_AGENT = [
@@ -48,6 +65,8 @@ FAST_AGENT = [
     "--request-timeout=2",
     "--backoff-max=0.5",
     "--register-timeout=20",
+    f"--state-dir={os.environ['AUTOSCALER_STATE_DIR']}",
+    *_ROOT_TASKS,
 ]
 
 TEST_CONFIG = """

@@ -5,6 +5,10 @@
 #   docker run --gpus all -v /etc/autoscaler/agent.json:/etc/autoscaler/agent.json:ro gpu-autoscaler-agent:0.1.0
 # The agent needs only httpx, pydantic and nvidia-ml-py; NVML comes from the host driver
 # through the NVIDIA container runtime, so the image carries no driver.
+# The agent runs as the unprivileged user `autoscaler`, so its tasks run as that user
+# too (it cannot switch users) and can read what it can; with the bootstrap file
+# mounted read-only it cannot remove the join token from it and says so in its log.
+# See docs/agent.md, "Who runs tasks, and who can read what on a machine".
 
 FROM python:3.12-slim-bookworm AS build
 WORKDIR /src

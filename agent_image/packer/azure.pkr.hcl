@@ -108,7 +108,7 @@ build {
   }
 
   provisioner "file" {
-    sources     = ["${path.root}/../files/autoscaler-agent.service", "${path.root}/../files/autoscaler-agent-exit"]
+    sources     = ["${path.root}/../files/autoscaler-agent.service", "${path.root}/../files/autoscaler-agent-exit", "${path.root}/../files/autoscaler-imds-guard", "${path.root}/../files/autoscaler-imds-guard.service"]
     destination = "/tmp/autoscaler-agent/"
   }
 

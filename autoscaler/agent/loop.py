@@ -16,6 +16,7 @@ bootstrap, refused join).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import secrets
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 
 from autoscaler import __version__
-from autoscaler.agent import host, worker_state
+from autoscaler.agent import credentials, host
 from autoscaler.agent.decisions import (
     StopRequest,
     backoff_s,
@@ -45,6 +46,7 @@ from autoscaler.agent.outbox import Outbox
 from autoscaler.agent.runner import StartFailed, TaskProcess
 from autoscaler.agent.server_api import ServerApi, ServerRefused, ServerUnreachable
 from autoscaler.agent.settings import AgentSettings, task_base_env
+from autoscaler.agent.task_user import TaskUserError, decide
 from autoscaler.agent.wire import Commands, HeartbeatBody, RegisterBody, Registered
 
 log = logging.getLogger("autoscaler.agent")
@@ -96,6 +98,8 @@ class Agent:
         self.max_tasks = max_tasks or max(1, len(self.inventory))
         self.work_root = settings.work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
         self.base_env = task_base_env()
+        self.task_users = decide(settings.run_as, settings.run_as_range, settings.allow_root_tasks)
+        self.state_dir = settings.state_dir or credentials.default_state_dir(os.environ, os.geteuid())
         self.drain_deadline: float | None = None
         self.signals = 0
         self.signals_seen = 0
@@ -116,17 +120,21 @@ class Agent:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        for note in self.task_users.notes:
+            log.warning("%s", note)
+        self._prepare_work_root()
         reg = self._register()
         if reg is None:
             return EXIT_DONE
         self.heartbeat_s = self.t.heartbeat_s or reg.heartbeat_interval_s
         log.info(
-            "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs",
+            "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs; %s",
             reg.worker_id,
             self.s.pool,
             len(self.inventory),
             self.gpus.description,
             self.heartbeat_s,
+            self.task_users.describe(),
         )
         try:
             while True:
@@ -140,6 +148,23 @@ class Agent:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only count here: the loop acts on it, outside the signal handler.
         self.signals += 1
+
+    def _prepare_work_root(self) -> None:
+        """The parent of the tasks' scratch dirs: the agent's own; 0711 when tasks run as
+        another user (they may pass through to their own dir but not list the others)."""
+        root = self.work_root
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            st = root.lstat()
+        except OSError as exc:
+            raise AgentError(f"cannot create the work dir {root}: {exc.strerror or exc}") from None
+        if not root.is_dir() or root.is_symlink() or st.st_uid != os.geteuid():
+            raise AgentError(
+                f"work dir {root} is not a directory owned by the agent (uid {os.geteuid()}); pass --work-dir"
+            )
+        base = self.task_users.base
+        if base is not None and base.switch:
+            root.chmod(0o711)
 
     def _register(self) -> Registered | None:
         instance_id = self.s.instance_id
@@ -156,25 +181,20 @@ class Agent:
             agent_version=__version__,
             identity=self.metadata.identity() if self.metadata else None,
         )
-        state_path = self.s.state_file
-        saved = worker_state.load(state_path) if state_path else None
-        if saved is not None and (saved.server_url, saved.pool, saved.instance_id) != (
-            self.s.server_url,
-            self.s.pool,
-            instance_id,
-        ):
+        saved = credentials.load_worker(self.state_dir)
+        if saved is not None and not saved.matches(self.s.server_url, self.s.pool, instance_id):
             log.warning("saved worker state is for another server, pool or instance; not using it")
             saved = None
         reply: Registered | None = None
         if saved is not None:
-            # A restart: the join token registered once and is spent; the worker token
-            # re-registers this machine (and is rotated).
+            # A restart: the join token registered once and is spent (and was removed
+            # from the bootstrap file); the worker token re-registers this machine (and
+            # is rotated).
             try:
                 reply = self._call_register(saved.worker_token, body)
             except RegistrationRefused as exc:
                 log.warning("%s; registering with the join token instead", exc)
-                if state_path:
-                    worker_state.forget(state_path)
+                credentials.forget_worker(self.state_dir)
             if reply is None and self.signals:
                 return None
             if reply is not None:
@@ -182,22 +202,48 @@ class Agent:
         if reply is None:
             join = self.s.join_token or (fetch_join_token(self.s.join_token_ref) if self.s.join_token_ref else None)
             if not join:
+                if saved is not None:
+                    raise AgentError(
+                        f"the server refused this machine's saved worker token (worker {saved.worker_id}) and the "
+                        "join token was used up at the first registration; the machine cannot join again (its "
+                        "instance is replaced by the control plane)"
+                    )
                 raise AgentError("no join token (see docs/agent.md, 'Bootstrap')")
             # Lets this process, and only it, retry a join whose answer was lost.
             body = body.model_copy(update={"retry_key": secrets.token_hex(16)})
             reply = self._call_register(join, body)
-        if reply is not None and state_path:
-            worker_state.save(
-                state_path,
-                worker_state.WorkerState(
+        return self._joined(reply, instance_id)
+
+    def _joined(self, reg: Registered | None, instance_id: str) -> Registered | None:
+        """After a registration: keep the worker token (0600, state dir), drop the join token."""
+        if reg is None:
+            return None
+        try:
+            path = credentials.save_worker(
+                self.state_dir,
+                credentials.WorkerState(
                     server_url=self.s.server_url,
                     pool=self.s.pool,
                     instance_id=instance_id,
-                    worker_id=reply.worker_id,
-                    worker_token=reply.worker_token,
+                    worker_id=reg.worker_id,
+                    worker_token=reg.worker_token,
                 ),
             )
-        return reply
+            log.info("worker token kept in %s (mode 0600)", path)
+        except OSError as exc:
+            log.warning("cannot save the worker token in %s (%s): a restarted agent cannot rejoin", self.state_dir, exc)
+        boot = self.s.bootstrap_path
+        if boot is not None:
+            try:
+                if credentials.drop_join_token(boot):
+                    log.info("removed the join token from %s", boot)
+            except (OSError, ValueError) as exc:
+                log.warning(
+                    "cannot remove the join token from %s (%s): whoever can read that file can read it",
+                    boot,
+                    getattr(exc, "strerror", None) or exc,
+                )
+        return reg
 
     def _call_register(self, token: str, body: RegisterBody) -> Registered | None:
         first = self.clock()
@@ -432,7 +478,15 @@ class Agent:
                 " ".join(task.command)[:200],
             )
             try:
-                tp = TaskProcess.start(task, self.base_env, self.work_root, now)
+                user = self.task_users.allocate(
+                    [tp.user.uid for tp in self.tasks.values() if tp.user is not None and tp.user.dedicated]
+                )
+            except TaskUserError as exc:
+                log.error("task %s: not started: %s", task.id, exc)
+                self.outbox.finished(task.id, start_failed_report(str(exc)))
+                continue
+            try:
+                tp = TaskProcess.start(task, self.base_env, self.work_root, now, user)
             except StartFailed as exc:
                 log.warning("task %s: %s", task.id, exc)
                 self.outbox.finished(task.id, start_failed_report(str(exc)))
@@ -508,7 +562,6 @@ class Agent:
                 self.retry_at = now + 1.0
                 return None
             log.warning("could not deregister (%s)", exc)
-        if self.s.state_file:
-            worker_state.forget(self.s.state_file)  # deregistered: nothing to come back to
+        credentials.forget_worker(self.state_dir)  # drained: nothing to come back to
         log.info("%s finished; exiting 0", "preemption" if self.mode == Mode.PREEMPTED else "drain")
         return EXIT_DONE

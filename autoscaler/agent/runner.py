@@ -1,6 +1,11 @@
 """One attempt of a task as a subprocess: its own process group, its environment and
 working directory, output captured for upload, timeout and stop with escalation.
 
+The process runs as the task user the agent decided on (`task_user.TaskUser`): with
+a scratch dir of its own (mode 0700, owned by that user, also its HOME and TMPDIR)
+when the task names no working dir. A task with a dedicated uid (run_as_range) has
+every process of that uid killed when it ends, daemons that left its group included.
+
 The process is started from the agent's main thread with the parent-death signal
 set to SIGKILL (Linux), so a task does not outlive an agent killed with -9: the
 server requeues the task elsewhere and the orphan must not keep the GPU busy.
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from autoscaler.agent.decisions import StopRequest, gpu_env
+from autoscaler.agent.task_user import TaskUser, kill_uid
 from autoscaler.agent.wire import LeasedTask, LogChunk
 
 READ_SIZE = 64 * 1024
@@ -38,6 +44,18 @@ def _child_setup() -> None:
     # Runs in the child between fork and exec: keep it to one syscall.
     if _libc is not None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def make_scratch(path: Path, user: TaskUser | None) -> None:
+    """A fresh directory only the task's user can enter (0700, owned by it)."""
+    if path.is_symlink() or path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    path.mkdir(mode=0o700)
+    if user is not None and user.switch:
+        os.chown(path, user.uid, user.gid)
+    path.chmod(0o700)
 
 
 class StartFailed(Exception):
@@ -89,8 +107,16 @@ def _pump(pipe: IO[bytes], stream: Literal["stdout", "stderr"], out: OutputBuffe
 
 
 class TaskProcess:
-    def __init__(self, task: LeasedTask, proc: subprocess.Popen[bytes], started: float, scratch: Path | None) -> None:
+    def __init__(
+        self,
+        task: LeasedTask,
+        proc: subprocess.Popen[bytes],
+        started: float,
+        scratch: Path | None,
+        user: TaskUser | None = None,
+    ) -> None:
         self.task = task
+        self.user = user
         self.proc = proc
         self.started = started
         self.scratch = scratch
@@ -108,7 +134,14 @@ class TaskProcess:
             t.start()
 
     @classmethod
-    def start(cls, task: LeasedTask, base_env: dict[str, str], work_root: Path, now: float) -> TaskProcess:
+    def start(
+        cls,
+        task: LeasedTask,
+        base_env: dict[str, str],
+        work_root: Path,
+        now: float,
+        user: TaskUser | None = None,
+    ) -> TaskProcess:
         env = {**base_env, **task.env, **task.secret_env, **gpu_env(task.gpu_indices)}
         env["AUTOSCALER_TASK_ID"] = task.id
         env["AUTOSCALER_TASK_ATTEMPT"] = str(task.attempts)
@@ -120,9 +153,19 @@ class TaskProcess:
         else:
             scratch = cwd = work_root / f"{task.id}-{task.attempts}"
             try:
-                cwd.mkdir(parents=True, exist_ok=True)
+                make_scratch(cwd, user)
             except OSError as exc:
                 raise StartFailed(f"cannot create scratch dir {cwd}: {exc.strerror or exc}") from None
+        uid: int | None = None
+        gid: int | None = None
+        groups: list[int] | None = None
+        if user is not None:
+            if user.switch:
+                env.update(USER=user.name, LOGNAME=user.name)
+                env["HOME"] = str(scratch) if scratch is not None else user.home
+                uid, gid, groups = user.uid, user.gid, list(user.groups)
+            if scratch is not None:
+                env["TMPDIR"] = str(scratch)
         try:
             proc = subprocess.Popen(
                 task.command,
@@ -132,13 +175,20 @@ class TaskProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: signals reach its children too
+                # The credentials change before preexec_fn runs, so the parent-death
+                # signal set there survives it (a uid change clears it).
                 preexec_fn=_child_setup,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-            raise StartFailed(f"cannot start {task.command[0]!r}: {exc.strerror or exc}") from None
-        return cls(task, proc, now, scratch)
+            who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StartFailed(f"cannot start {task.command[0]!r}{who}: {why}") from None
+        return cls(task, proc, now, scratch, user)
 
     @property
     def task_id(self) -> str:
@@ -170,6 +220,8 @@ class TaskProcess:
     def reap(self) -> None:
         """After the leader exits: kill what is left of its group, collect output, clean up."""
         self._signal(signal.SIGKILL)
+        if self.user is not None and self.user.dedicated:
+            kill_uid(self.user.uid)  # what escaped the group (setsid, double fork) ends too
         for t in self._readers:
             t.join(timeout=2)
         if self.scratch is not None:

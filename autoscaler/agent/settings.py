@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autoscaler.agent.credentials import default_state_dir, load_worker
 from autoscaler.agent.errors import AgentError
+from autoscaler.agent.task_user import TaskUserError, parse_range
 
 DEFAULT_BOOTSTRAP = Path("/etc/autoscaler/agent.json")
 PROVIDERS = ("aws", "gcp", "azure", "local", "slurm", "static")
@@ -55,6 +56,13 @@ class BootstrapFile(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     simulated_gpus: SimulatedGpuSpec | None = None
     metadata_url: str | None = None
+    # Who tasks run as (see autoscaler.agent.task_user): a user name or uid, default
+    # autoscaler-task when the agent is root; a uid range "A-B" for a uid per task;
+    # root tasks only with allow_root_tasks. state_dir holds the worker token file.
+    run_as: str | None = Field(None, max_length=64)
+    run_as_range: str | None = Field(None, max_length=32)
+    allow_root_tasks: bool | None = None
+    state_dir: str | None = Field(None, max_length=4096)
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,14 @@ class AgentSettings:
     simulated_gpus: SimulatedGpuSpec | None = None
     metadata_url: str | None = None
     work_dir: Path | None = None
-    # Where the worker id and token are kept across agent restarts (worker_state.py).
-    state_file: Path | None = None
     timing: Timing = field(default_factory=Timing)
     ignored_keys: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    run_as: str | None = None
+    run_as_range: tuple[int, int] | None = None
+    allow_root_tasks: bool = False
+    state_dir: Path | None = None  # None: credentials.default_state_dir
+    bootstrap_path: Path | None = None  # the file the join token is removed from after joining
 
 
 def read_bootstrap(path: Path) -> tuple[BootstrapFile, tuple[str, ...], tuple[str, ...]]:
@@ -133,7 +144,6 @@ def resolve(
     bootstrap: Path | None,
     timing: Timing,
     work_dir: Path | None = None,
-    state_file: Path | None = None,
 ) -> AgentSettings:
     """Merge flags, environment and bootstrap file into settings, or explain what is missing."""
     path = bootstrap or (Path(env["AUTOSCALER_BOOTSTRAP"]) if env.get("AUTOSCALER_BOOTSTRAP") else None)
@@ -153,6 +163,22 @@ def resolve(
     pool = pick("pool", "AUTOSCALER_POOL")
     provider = pick("provider", "AUTOSCALER_PROVIDER") or "static"
     join_token = pick("join_token", "AUTOSCALER_JOIN_TOKEN")
+    if flags.get("join_token"):
+        warnings = (
+            *warnings,
+            "the join token was given with --join-token, so every process on this machine can read it in "
+            "/proc/PID/cmdline; use AUTOSCALER_JOIN_TOKEN or the bootstrap file",
+        )
+    try:
+        run_as_range = parse_range(pick("run_as_range", "AUTOSCALER_RUN_AS_RANGE"))
+    except TaskUserError as exc:
+        raise AgentError(str(exc)) from None
+    allow_root = flags.get("allow_root_tasks")
+    if not allow_root:
+        env_allow = env.get("AUTOSCALER_ALLOW_ROOT_TASKS", "").strip().lower()
+        allow_root = env_allow in ("1", "true", "yes") or bool(boot.allow_root_tasks)
+    state = pick("state_dir", "AUTOSCALER_STATE_DIR")
+    state_dir = Path(state) if state else default_state_dir(env, os.geteuid())
     missing = [n for n, v in (("--server", server_url), ("--pool", pool)) if not v]
     if missing:
         raise AgentError(
@@ -161,10 +187,9 @@ def resolve(
         )
     if provider not in PROVIDERS:
         raise AgentError(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}")
-    state_file = state_file or (Path(env["AUTOSCALER_STATE_FILE"]) if env.get("AUTOSCALER_STATE_FILE") else None)
-    state_file = state_file or default_state_file(work_dir)
-    # A restarted agent re-registers with its saved worker token: no join token needed.
-    if not join_token and boot.join_token_ref is None and not state_file.exists():
+    if not join_token and boot.join_token_ref is None and load_worker(state_dir) is None:
+        # After its first registration an agent has no join token any more (it removed
+        # it from the bootstrap file) but its worker record in the state dir.
         raise AgentError(
             "no join token: pass --join-token, set AUTOSCALER_JOIN_TOKEN, or put join_token / "
             "join_token_ref in the bootstrap file (create one with `autoscaler token create --kind join`)"
@@ -182,17 +207,15 @@ def resolve(
         simulated_gpus=boot.simulated_gpus,
         metadata_url=pick("metadata_url", "AUTOSCALER_METADATA_URL"),
         work_dir=work_dir,
-        state_file=state_file,
         timing=timing,
         ignored_keys=unknown,
         warnings=warnings,
+        run_as=pick("run_as", "AUTOSCALER_RUN_AS"),
+        run_as_range=run_as_range,
+        allow_root_tasks=bool(allow_root),
+        state_dir=state_dir,
+        bootstrap_path=path,
     )
-
-
-def default_state_file(work_dir: Path | None) -> Path:
-    """`<work dir>/.agent/worker.json` (the image points AUTOSCALER_STATE_FILE elsewhere)."""
-    root = work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
-    return root / ".agent" / "worker.json"
 
 
 def agent_env_names() -> frozenset[str]:
@@ -207,7 +230,10 @@ def agent_env_names() -> frozenset[str]:
             "AUTOSCALER_METADATA_URL",
             "AUTOSCALER_BOOTSTRAP",
             "AUTOSCALER_TOKEN",
-            "AUTOSCALER_STATE_FILE",
+            "AUTOSCALER_RUN_AS",
+            "AUTOSCALER_RUN_AS_RANGE",
+            "AUTOSCALER_ALLOW_ROOT_TASKS",
+            "AUTOSCALER_STATE_DIR",
         }
     )
 

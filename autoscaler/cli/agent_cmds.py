@@ -38,12 +38,21 @@ def agent(
         str | None, typer.Option(help="Base URL of the cloud metadata service (default 169.254.169.254).")
     ] = None,
     work_dir: Annotated[Path | None, typer.Option(help="Where tasks without a working dir get scratch dirs.")] = None,
-    state_file: Annotated[
+    run_as: Annotated[
+        str | None,
+        typer.Option(help="User tasks run as when the agent is root (env AUTOSCALER_RUN_AS; default autoscaler-task)."),
+    ] = None,
+    run_as_range: Annotated[
+        str | None,
+        typer.Option(help="Uids A-B: a uid of its own for each running task (env AUTOSCALER_RUN_AS_RANGE)."),
+    ] = None,
+    allow_root_tasks: Annotated[
+        bool,
+        typer.Option("--allow-root-tasks", help="Allow run_as root (env AUTOSCALER_ALLOW_ROOT_TASKS=1)."),
+    ] = False,
+    state_dir: Annotated[
         Path | None,
-        typer.Option(
-            help="Where the worker token is kept for re-registration after a restart "
-            "(env AUTOSCALER_STATE_FILE; default WORK_DIR/.agent/worker.json)."
-        ),
+        typer.Option(help="Where the worker token is kept, 0600 (env AUTOSCALER_STATE_DIR; systemd's StateDirectory)."),
     ] = None,
     max_tasks: Annotated[
         int | None, typer.Option(min=1, max=64, help="Tasks at once; default: one per GPU, 1 without.")
@@ -107,6 +116,10 @@ def agent(
         "instance_id": instance_id,
         "provider": provider,
         "metadata_url": metadata_url,
+        "run_as": run_as,
+        "run_as_range": run_as_range,
+        "allow_root_tasks": allow_root_tasks or None,
+        "state_dir": str(state_dir) if state_dir else None,
     }
-    settings = resolve(flags, os.environ, bootstrap, timing, work_dir=work_dir, state_file=state_file)
+    settings = resolve(flags, os.environ, bootstrap, timing, work_dir=work_dir)
     raise typer.Exit(run(settings, max_tasks=max_tasks, log_level=log_level))

@@ -10,6 +10,13 @@ bootstrap; `agent.log`), so a restarted control plane finds its instances again.
 A recorded pid counts as ours only while `/proc/PID/cmdline` still names that
 instance's bootstrap file, so a recycled pid is never mistaken for an agent.
 
+Tasks: an agent started by a control plane running as root runs its tasks as the
+unprivileged `autoscaler-task` user, which the provider creates (`useradd --system`)
+when it is missing, as the agent image's install script does; `run_as`,
+`run_as_range` and `allow_root_tasks` go into the bootstrap file. Its worker token is
+kept in the instance directory (`state/worker.json`, 0600; the directory is 0700).
+Run as an ordinary user, the agent and its tasks share that user (see docs/agent.md).
+
 Instance ids derive from the request id, and the record is written before the process
 starts: a launch retried after a crash finds the record and starts (or returns) the
 same instance instead of a second one.
@@ -21,7 +28,10 @@ import builtins
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +56,33 @@ from providers.bootstrap import BootstrapError, parse_user_data
 
 INSTANCES_DIR = "local-instances"
 AgentCommand = Callable[[Path], Sequence[str]]
+TASK_USER = "autoscaler-task"  # autoscaler.agent.task_user.DEFAULT_TASK_USER
+log = logging.getLogger("autoscaler.providers.local")
+
+
+def ensure_task_user(name: str = TASK_USER) -> str | None:
+    """Create the unprivileged task user when running as root and it is missing.
+    None when it exists (or was created); otherwise why not (the agent's tasks then
+    fail to start with the agent's own explanation)."""
+    try:
+        pwd.getpwnam(name)
+        return None
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        return f"not root: cannot create the task user {name!r}; tasks run as the agent's user"
+    useradd = shutil.which("useradd") or next(
+        (p for p in ("/usr/sbin/useradd", "/sbin/useradd") if os.access(p, os.X_OK)), None
+    )
+    if useradd is None:
+        return f"useradd not found: cannot create the task user {name!r}"
+    cmd = [useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+           "--shell", "/usr/sbin/nologin", name]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 9):  # 9: created meanwhile by someone else
+        return f"useradd {name} failed ({done.returncode}): {done.stderr.strip()[:200]}"
+    log.info("created the unprivileged task user %s", name)
+    return None
 
 
 def agent_command(bootstrap: Path) -> list[str]:
@@ -113,6 +150,9 @@ class LocalProvider:
         env: Mapping[str, str] | None = None,
         stop_grace_s: float = 10.0,
         name: str = "local",
+        run_as: str | None = None,
+        run_as_range: str | None = None,
+        allow_root_tasks: bool = False,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -123,6 +163,10 @@ class LocalProvider:
         self._command = command
         self._env = dict(env) if env is not None else None
         self.stop_grace_s = stop_grace_s
+        self.run_as = run_as
+        self.run_as_range = run_as_range
+        self.allow_root_tasks = allow_root_tasks
+        self._task_user_checked = False
         # Children started by this process, kept so their exit is reaped (no zombies).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -144,6 +188,11 @@ class LocalProvider:
         except BootstrapError as exc:
             raise InvalidRequest(str(exc)) from None
         self.root.mkdir(parents=True, exist_ok=True)
+        if not self._task_user_checked and (self.run_as in (None, TASK_USER)):
+            self._task_user_checked = True
+            problem = ensure_task_user(TASK_USER)
+            if problem and os.geteuid() == 0:
+                log.warning("%s", problem)
         out = []
         for n in range(request.count):
             iid = self._instance_id(request.request_id, n)
@@ -232,6 +281,14 @@ class LocalProvider:
         if boot.get("simulated_gpus") is None and self.simulated_gpus is not None:
             boot["simulated_gpus"] = self.simulated_gpus
         boot["labels"] = {**self.labels, **(boot.get("labels") or {})}
+        # The worker token file: inside the instance directory (0700), never in a task's reach.
+        boot["state_dir"] = str(d / "state")
+        if self.run_as is not None:
+            boot["run_as"] = self.run_as
+        if self.run_as_range is not None:
+            boot["run_as_range"] = self.run_as_range
+        if self.allow_root_tasks:
+            boot["allow_root_tasks"] = True
         boot_path = d / "agent.json"
         fd = os.open(boot_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -125,9 +125,12 @@ class AgentHarness:
         nvml_script: dict[str, Any] | None = None,
         pool: str = "gpu-pool",
         use_flags: bool = True,
+        root_tasks: bool = True,
     ) -> AgentProcess:
         """An agent process; `use_flags=False` leaves server, pool, provider, instance id
-        and join token to the bootstrap file passed in `extra`."""
+        and join token to the bootstrap file passed in `extra`. `root_tasks`: when the
+        tests run as root, tasks run as root too (their commands are this interpreter,
+        which the unprivileged task user may not reach); False keeps the agent's default."""
         self._n += 1
         script = nvml_script if nvml_script is not None else {"gpus": nvml.gpus(gpus)}
         script_path = self.tmp / f"nvml-{self._n}.json"
@@ -142,6 +145,9 @@ class AgentHarness:
             env.pop(name, None)
         log = self.tmp / f"agent-{self._n}.log"
         cmd = [PY, "-m", "autoscaler", "agent", "--work-dir", str(self.tmp / f"work-{self._n}"), *FAST]
+        cmd += ["--state-dir", str(self.tmp / f"state-{self._n}")]
+        if root_tasks and os.geteuid() == 0:
+            cmd += ["--run-as", "root", "--allow-root-tasks"]
         if use_flags:
             cmd += ["--server", self.server.url, "--pool", pool, "--provider", "static"]
             if instance_id != "":  # "" = no flag: the agent asks the metadata service

@@ -90,7 +90,8 @@ def test_flags_win_over_env_which_wins_over_the_bootstrap_file(tmp_path: Path) -
 )
 def test_bad_bootstrap_gives_one_clear_line(tmp_path: Path, content: Any, message: str) -> None:
     with pytest.raises(AgentError) as err:
-        resolve({}, {}, _write(tmp_path, content), Timing())
+        # A state dir of its own: a saved worker record elsewhere would stand in for the join token.
+        resolve({}, {"AUTOSCALER_STATE_DIR": str(tmp_path / "state")}, _write(tmp_path, content), Timing())
     assert message in err.value.message and "\n" not in err.value.message
 
 

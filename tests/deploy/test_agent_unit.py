@@ -50,6 +50,20 @@ def test_stop_signals_only_the_agent_which_drains_within_the_stop_timeout() -> N
     assert float(svc["TimeoutStopSec"]) > timing.drain_deadline_s + timing.kill_grace_s
 
 
+def test_unit_lets_the_agent_drop_its_join_token_and_keeps_its_state_private() -> None:
+    svc = _unit()["Service"]
+    # ProtectSystem=full makes /etc read-only: the agent rewrites its bootstrap file
+    # there once, to remove the join token after joining.
+    assert svc["ProtectSystem"] == "full" and svc["ReadWritePaths"] == "/etc/autoscaler"
+    assert svc["StateDirectory"] == "autoscaler-agent" and svc["StateDirectoryMode"] == "0700"
+    assert "User" not in svc  # root, so it can run tasks as the unprivileged task user
+    assert "autoscaler-imds-guard.service" in _unit()["Unit"]["After"]
+    guard = configparser.ConfigParser(strict=False, interpolation=None)
+    guard.read_string((AGENT_IMAGE / "files" / "autoscaler-imds-guard.service").read_text())
+    assert guard["Install"]["RequiredBy"] == "autoscaler-agent.service"  # no guard, no agent
+    assert guard["Service"]["ExecStart"] in (AGENT_IMAGE / "scripts" / "install-agent.sh").read_text()
+
+
 @pytest.fixture
 def fake_systemctl(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
