@@ -1,9 +1,10 @@
 """A restarted agent re-registers with its worker token: the join token registers once.
 
 Real agent processes against the live server. The agent keeps its worker id and token
-in its state file (0600 in a 0700 directory); a restart after a crash, or after the
+in its state dir (worker.json, 0600 in a 0700 directory); a restart after a crash, or after the
 server declared the worker gone (exit 2), presents that token instead of the spent
-join token; a drained agent removes the file.
+join token (removed from the bootstrap file after joining); a drained agent
+removes the file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def live_workers(harness: AgentHarness, instance_id: str) -> list[dict[str, obje
 def test_a_restarted_agent_reregisters_with_its_worker_token(harness: AgentHarness) -> None:
     state = harness.tmp / "agent-state" / "worker.json"
     token = harness.join_token()
-    flags = ["--state-file", str(state)]
+    flags = ["--state-dir", str(state.parent)]
     first = harness.start_agent(instance_id="i-restart", token=token, extra=flags)
     w1 = harness.worker_of("i-restart")
     saved = wait_for("the state file", lambda: state.exists() and json.loads(state.read_text()))
@@ -48,7 +49,7 @@ def test_a_restarted_agent_reregisters_with_its_worker_token(harness: AgentHarne
 
     # Someone else holding the spent join token (no saved worker token) is refused.
     thief = harness.start_agent(
-        instance_id="i-restart", token=token, extra=["--state-file", str(harness.tmp / "x.json")]
+        instance_id="i-restart", token=token, extra=["--state-dir", str(harness.tmp / "thief-state")]
     )
     assert thief.wait() == 1
     assert "already used" in thief.log()
@@ -67,9 +68,9 @@ def test_a_restarted_agent_reregisters_with_its_worker_token(harness: AgentHarne
 
 
 def test_an_agent_declared_gone_comes_back_with_its_worker_token(harness: AgentHarness) -> None:
-    state = harness.tmp / "gone-state.json"
+    state = harness.tmp / "gone-state" / "worker.json"
     token = harness.join_token()
-    flags = ["--state-file", str(state)]
+    flags = ["--state-dir", str(state.parent)]
     agent = harness.start_agent(instance_id="i-gone", token=token, extra=flags)
     w1 = harness.worker_of("i-gone")
     wait_for("the state file", state.exists)
