@@ -30,6 +30,7 @@ from types import FrameType
 
 from autoscaler import __version__
 from autoscaler.agent import credentials, host
+from autoscaler.agent.container import ContainerSettings
 from autoscaler.agent.decisions import (
     StopRequest,
     backoff_s,
@@ -99,6 +100,11 @@ class Agent:
         self.work_root = settings.work_dir or Path(tempfile.gettempdir()) / "autoscaler-agent"
         self.base_env = task_base_env()
         self.task_users = decide(settings.run_as, settings.run_as_range, settings.allow_root_tasks)
+        self.containers = ContainerSettings(
+            pull_timeout_s=self.t.image_pull_timeout_s,
+            # Simulated GPUs have no device node to hand to a container.
+            gpu_devices=not any(g.simulated for g in self.inventory),
+        )
         self.state_dir = settings.state_dir or credentials.default_state_dir(os.environ, os.geteuid())
         self.drain_deadline: float | None = None
         self.signals = 0
@@ -350,6 +356,10 @@ class Agent:
             if tp.stop is not None and tp.stop.cause == "abandoned":
                 continue  # the server already requeued it: nothing to report
             self.outbox.output(tp.task_id, tp.output.take())
+            if tp.failed_start is not None:  # a container task whose image did not come
+                log.warning("task %s: %s", tp.task_id, tp.failed_start)
+                self.outbox.finished(tp.task_id, start_failed_report(tp.failed_start))
+                continue
             self.outbox.finished(tp.task_id, finish_report(tp.stop, code))
         if now >= self.next_flush:
             self.next_flush = now + self.t.log_flush_s
@@ -475,7 +485,7 @@ class Agent:
                 task.id,
                 task.attempts,
                 task.gpu_indices,
-                " ".join(task.command)[:200],
+                " ".join(task.command)[:200] + (f" (in image {task.image})" if task.image else ""),
             )
             try:
                 user = self.task_users.allocate(
@@ -486,7 +496,7 @@ class Agent:
                 self.outbox.finished(task.id, start_failed_report(str(exc)))
                 continue
             try:
-                tp = TaskProcess.start(task, self.base_env, self.work_root, now, user)
+                tp = TaskProcess.start(task, self.base_env, self.work_root, now, user, self.containers)
             except StartFailed as exc:
                 log.warning("task %s: %s", task.id, exc)
                 self.outbox.finished(task.id, start_failed_report(str(exc)))

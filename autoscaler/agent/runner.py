@@ -9,6 +9,10 @@ every process of that uid killed when it ends, daemons that left its group inclu
 The process is started from the agent's main thread with the parent-death signal
 set to SIGKILL (Linux), so a task does not outlive an agent killed with -9: the
 server requeues the task elsewhere and the orphan must not keep the GPU busy.
+
+A task with an `image` runs in a container (autoscaler.agent.container): its image
+is pulled first, then the engine CLI is the process watched here, and signals go to
+the container by name instead of to the CLI's process group.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from autoscaler.agent.container import ContainerAttempt, ContainerError, ContainerSettings
 from autoscaler.agent.decisions import StopRequest, gpu_env
 from autoscaler.agent.task_user import TaskUser, kill_uid
 from autoscaler.agent.wire import LeasedTask, LogChunk
@@ -80,6 +85,9 @@ class OutputBuffer:
                 self.chars -= len(old.data)
                 self.dropped += len(old.data)
 
+    def add_stderr(self, data: str) -> None:
+        self.add("stderr", data)
+
     def take(self) -> list[LogChunk]:
         with self._lock:
             chunks, self.chunks, self.chars = self.chunks, [], 0
@@ -110,23 +118,33 @@ class TaskProcess:
     def __init__(
         self,
         task: LeasedTask,
-        proc: subprocess.Popen[bytes],
+        proc: subprocess.Popen[bytes] | None,
         started: float,
         scratch: Path | None,
         user: TaskUser | None = None,
+        box: ContainerAttempt | None = None,
     ) -> None:
         self.task = task
         self.user = user
         self.proc = proc
         self.started = started
         self.scratch = scratch
+        self.box = box  # a container task: its pull, then its container
         self.output = OutputBuffer()
         self.stop: StopRequest | None = None
         self.term_at: float | None = None
         self.kill_after: float | None = None
         self.killed = False
+        # Set when an attempt that was reported started could not start after all (an
+        # image pull failed): the loop reports `start_failed` with it.
+        self.failed_start: str | None = None
+        self._readers: list[threading.Thread] = []
+        if proc is not None:
+            self._read(proc)
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
         self._readers = [
-            threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{task.id}")
+            threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{self.task.id}")
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
             if pipe is not None
         ]
@@ -141,21 +159,14 @@ class TaskProcess:
         work_root: Path,
         now: float,
         user: TaskUser | None = None,
+        containers: ContainerSettings | None = None,
     ) -> TaskProcess:
+        if task.image:
+            return cls._start_container(task, base_env, work_root, now, user, containers or ContainerSettings())
         env = {**base_env, **task.env, **task.secret_env, **gpu_env(task.gpu_indices)}
         env["AUTOSCALER_TASK_ID"] = task.id
         env["AUTOSCALER_TASK_ATTEMPT"] = str(task.attempts)
-        scratch: Path | None = None
-        if task.working_dir:
-            cwd = Path(task.working_dir)
-            if not cwd.is_dir():
-                raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
-        else:
-            scratch = cwd = work_root / f"{task.id}-{task.attempts}"
-            try:
-                make_scratch(cwd, user)
-            except OSError as exc:
-                raise StartFailed(f"cannot create scratch dir {cwd}: {exc.strerror or exc}") from None
+        cwd, scratch = _task_dir(task, work_root, user)
         uid: int | None = None
         gid: int | None = None
         groups: list[int] | None = None
@@ -167,21 +178,7 @@ class TaskProcess:
             if scratch is not None:
                 env["TMPDIR"] = str(scratch)
         try:
-            proc = subprocess.Popen(
-                task.command,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: signals reach its children too
-                # The credentials change before preexec_fn runs, so the parent-death
-                # signal set there survives it (a uid change clears it).
-                preexec_fn=_child_setup,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-            )
+            proc = _popen(task.command, cwd, env, uid, gid, groups)
         except (OSError, subprocess.SubprocessError) as exc:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -190,11 +187,34 @@ class TaskProcess:
             raise StartFailed(f"cannot start {task.command[0]!r}{who}: {why}") from None
         return cls(task, proc, now, scratch, user)
 
+    @classmethod
+    def _start_container(
+        cls,
+        task: LeasedTask,
+        base_env: dict[str, str],
+        work_root: Path,
+        now: float,
+        user: TaskUser | None,
+        settings: ContainerSettings,
+    ) -> TaskProcess:
+        """A container task starts with its image pull; `poll` starts the container after it."""
+        cwd, scratch = _task_dir(task, work_root, user)
+        tp = cls(task, None, now, scratch, user)
+        try:
+            tp.box = ContainerAttempt.begin(task, base_env, work_root, cwd, user, settings, now, tp.output.add_stderr)
+        except ContainerError as exc:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise StartFailed(str(exc)) from None
+        return tp
+
     @property
     def task_id(self) -> str:
         return self.task.id
 
     def timed_out(self, now: float) -> bool:
+        if self.box is not None and self.proc is None:
+            return False  # the pull has a timeout of its own; timeout_s bounds the run
         return self.task.timeout_s is not None and now - self.started >= self.task.timeout_s
 
     def request_stop(self, stop: StopRequest, now: float, grace_s: float) -> None:
@@ -211,15 +231,52 @@ class TaskProcess:
 
     def poll(self, now: float) -> int | None:
         """The return code once the process has ended; escalates to SIGKILL when due."""
+        if self.box is not None and self.proc is None:
+            return self._poll_pull(now)
+        assert self.proc is not None
+        if self.box is not None:
+            self.box.tick()
         code = self.proc.poll()
         if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
             self.killed = True
             self._signal(signal.SIGKILL)
+        if (
+            code is None
+            and self.box is not None
+            and self.killed
+            and self.kill_after is not None
+            and now >= self.kill_after + self.box.settings.cli_kill_wait_s
+        ):
+            self._signal_group(signal.SIGKILL)  # a wedged engine CLI; reap removes the container
         return code
+
+    def _poll_pull(self, now: float) -> int | None:
+        """While a container task's image is pulled: start the container once it is there."""
+        assert self.box is not None
+        if self.stop is not None:
+            self.box.abort()  # nothing of the task runs yet: no grace to give
+            return -signal.SIGKILL
+        outcome = self.box.pull_outcome(now)
+        if outcome is None:
+            return None
+        if outcome:
+            self.failed_start = outcome
+            return 1
+        try:
+            self.proc = self.box.run(lambda argv, env: _popen(argv, None, env))
+        except ContainerError as exc:
+            self.failed_start = str(exc)
+            return 1
+        self.started = now  # timeout_s bounds the task's run, not the pull
+        self._read(self.proc)
+        return None
 
     def reap(self) -> None:
         """After the leader exits: kill what is left of its group, collect output, clean up."""
-        self._signal(signal.SIGKILL)
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
+        if self.box is not None:
+            self.box.close()  # the container goes too, even if the engine CLI died first
         if self.user is not None and self.user.dedicated:
             kill_uid(self.user.uid)  # what escaped the group (setsid, double fork) ends too
         for t in self._readers:
@@ -228,5 +285,55 @@ class TaskProcess:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _signal(self, sig: signal.Signals) -> None:
+        if self.box is not None:
+            # The container is signalled by name: the engine CLI does not forward signals
+            # (--sig-proxy=false) and may even be gone; its init hands it to the task.
+            self.box.signal(sig)
+            return
+        self._signal_group(sig)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
+
+
+def _task_dir(task: LeasedTask, work_root: Path, user: TaskUser | None) -> tuple[Path, Path | None]:
+    """The task's directory: its working_dir, or a fresh scratch dir (returned twice)."""
+    if task.working_dir:
+        cwd = Path(task.working_dir)
+        if not cwd.is_dir():
+            raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
+        return cwd, None
+    scratch = work_root / f"{task.id}-{task.attempts}"
+    try:
+        make_scratch(scratch, user)
+    except OSError as exc:
+        raise StartFailed(f"cannot create scratch dir {scratch}: {exc.strerror or exc}") from None
+    return scratch, scratch
+
+
+def _popen(
+    argv: list[str],
+    cwd: Path | None,
+    env: dict[str, str],
+    uid: int | None = None,
+    gid: int | None = None,
+    groups: list[int] | None = None,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: signals reach its children too
+        # The credentials change before preexec_fn runs, so the parent-death
+        # signal set there survives it (a uid change clears it).
+        preexec_fn=_child_setup,
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+    )

@@ -84,6 +84,7 @@ class Timing:
     backoff_max_s: float = 30.0  # longest wait between retries while the server is away
     register_timeout_s: float = 600.0  # give up registering after this long (server never came)
     exit_flush_timeout_s: float = 60.0  # after a drain: how long to try delivering reports
+    image_pull_timeout_s: float = 900.0  # a container task's image pull, before the attempt fails
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,13 @@ class LeasedTask(_Reply):
     # never logged or written to disk by the agent (repr=False keeps it out of reprs).
     secret_env: dict[str, str] = Field(default_factory=dict, repr=False)
     working_dir: str | None = None
+    # Run in this OCI image through the machine's engine (autoscaler.agent.container);
+    # image_pull_secret names the secret_env entry holding the registry login.
+    image: str | None = None
+    image_pull_secret: str | None = None
+    # Limits for a container task (--cpus, --memory); a plain task is not limited.
+    cpus: float = 0
+    memory_mb: int = 0
     gpus: int = 0
     gpu_indices: list[int] = Field(default_factory=list)
     timeout_s: float | None = None

@@ -59,6 +59,16 @@ class TaskIn(Body):
         "the task. A name may not be in both env and secret_env.",
     )
     working_dir: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    image: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        None,
+        description="An OCI image (e.g. registry.example/team/train:1.2): the agent pulls it and runs the "
+        "command in a container with the task's GPUs only. Null: the command runs on the machine itself.",
+    )
+    image_pull_secret: EnvKey | None = Field(
+        None,
+        description="The name of a secret_env entry holding the registry login for `image`: `user:password` "
+        "or a registry auth JSON. Used for the pull only; not passed to the container.",
+    )
     priority: int = Field(0, ge=-1000, le=1000)
     max_attempts: int = Field(
         3,
@@ -103,6 +113,8 @@ class TaskOut(Out):
     env: dict[str, str]
     secret_env: MaskedEnv = Field(default_factory=dict, description="Names of the secret env; values are ***.")
     working_dir: str | None
+    image: str | None = None
+    image_pull_secret: str | None = None
     gpus: int
     gpu_type: str | None
     cpus: float

@@ -79,6 +79,9 @@ def agent(
     request_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per call to the server.")] = 10.0,
     backoff_max: Annotated[float, typer.Option(min=0.1, help="Longest wait between retries.")] = 30.0,
     register_timeout: Annotated[float, typer.Option(min=0, help="Give up registering after this long.")] = 600.0,
+    image_pull_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds a container task's image pull may take before the attempt fails.")
+    ] = 900.0,
     probe: Annotated[
         bool,
         typer.Option("--probe", help="Print the GPU inventory and one metrics sample as JSON, then exit."),
@@ -108,6 +111,7 @@ def agent(
         request_timeout_s=request_timeout,
         backoff_max_s=backoff_max,
         register_timeout_s=register_timeout,
+        image_pull_timeout_s=image_pull_timeout,
     )
     flags = {
         "server_url": server,

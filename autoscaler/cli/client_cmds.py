@@ -157,6 +157,16 @@ def enqueue(
         ),
     ] = None,
     workdir: Annotated[str | None, typer.Option(help="Absolute working directory on the worker.")] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(help="Run the command in this OCI image, with the task's GPUs only (see docs/agent.md)."),
+    ] = None,
+    image_pull_secret: Annotated[
+        str | None,
+        typer.Option(
+            help="The --secret-env name holding the registry login for --image (USER:PASSWORD or an auth JSON).",
+        ),
+    ] = None,
     team: Annotated[str | None, typer.Option(help="Admins only: the team the task is for.")] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
@@ -183,6 +193,8 @@ def enqueue(
         "working_dir": workdir,
         "team": team,
     }
+    if image is not None or image_pull_secret is not None:  # only then: older servers refuse unknown fields
+        body.update(image=image, image_pull_secret=image_pull_secret)
     task = client(server, token, home).post("/api/v1/tasks", body)
     if json_out:
         print_json(task)
@@ -251,6 +263,9 @@ def task_show(
         out.print("secret env: " + " ".join(f"{k}=***" for k in sorted(task["secret_env"])))
     if task.get("working_dir"):
         out.print(f"working dir: {task['working_dir']}")
+    if task.get("image"):
+        pull = f" (pull secret {task['image_pull_secret']})" if task.get("image_pull_secret") else ""
+        out.print(f"image: {task['image']}{pull}")
     retry = task.get("retry_on_exit_codes")
     out.print(
         f"gpus: {task['gpus']}  {attempts_summary(task)} (attempts started {task['attempts']})  "

@@ -10,6 +10,7 @@ holding the fewest GPUs per unit of weight first), then age.
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class TaskSpec:
     # Sealed at rest, shown as `***`, opened only for the leasing worker. Kept out of
     # repr so a spec in a log line or traceback does not carry the values.
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # Run in this OCI image (autoscaler.agent.container); the pull secret names a
+    # secret_env entry holding the registry login.
+    image: str | None = None
+    image_pull_secret: str | None = None
 
 
 def validate_working_dir(path: str | None) -> str | None:
@@ -74,6 +79,31 @@ def validate_working_dir(path: str | None) -> str | None:
     if "\x00" in path or not path.startswith("/") or ".." in path.split("/"):
         raise InvalidInput(f"working_dir {path!r} must be an absolute path without '..' segments")
     return os.path.normpath(path)
+
+
+# An image reference as engines accept it: [host[:port]/]path[:tag][@digest]. No
+# spaces, no leading '-' (it would read as an engine flag).
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+
+
+def validate_image(image: str | None, pull_secret: str | None, secret_env: Mapping[str, str]) -> str | None:
+    """The image as given, or None; refuses what no engine could pull and a pull
+    secret that names nothing (it must be one of the task's secret_env names)."""
+    if image is None or image == "":
+        if pull_secret:
+            raise InvalidInput("image_pull_secret is set but image is not: give --image too, or drop the secret")
+        return None
+    if len(image) > 512 or not _IMAGE.match(image):
+        raise InvalidInput(
+            f"image {image!r} is not an image reference like registry.example/team/train:1.2 "
+            "(letters, digits and . _ / : @ + - only)"
+        )
+    if pull_secret and pull_secret not in secret_env:
+        raise InvalidInput(
+            f"image_pull_secret {pull_secret!r} is not one of the task's secret_env names: "
+            f"pass the registry login as --secret-env {pull_secret}=USER:PASSWORD"
+        )
+    return image
 
 
 def validate_retry_codes(codes: Sequence[int] | None) -> list[int] | None:
@@ -147,6 +177,8 @@ def enqueue(
         env=dict(spec.env),
         secret_env=secret_keys.seal_all(task_id, spec.secret_env) if secret_keys and spec.secret_env else {},
         working_dir=validate_working_dir(spec.working_dir),
+        image=validate_image(spec.image, spec.image_pull_secret, spec.secret_env),
+        image_pull_secret=spec.image_pull_secret,
         gpus=spec.gpus,
         gpu_type=spec.gpu_type,
         cpus=spec.cpus,

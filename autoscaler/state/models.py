@@ -162,6 +162,10 @@ class Task(Base):
     # never the value itself. Opened only for the worker that leases the task.
     secret_env: Mapped[dict[str, Any] | None] = mapped_column(default=dict)
     working_dir: Mapped[str | None] = mapped_column(String(1024))
+    # The OCI image the task runs in (None: on the machine itself) and the name of the
+    # secret_env entry holding its registry login.
+    image: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    image_pull_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     gpu_type: Mapped[str | None] = mapped_column(String(64))
     cpus: Mapped[float] = mapped_column(Float, default=0)
