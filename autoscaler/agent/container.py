@@ -56,6 +56,7 @@ ENGINE_ENV = frozenset(
 ENGINE_ENV_PREFIXES = ("CONTAINERS_", "DOCKER_", "REGISTRY_AUTH", "BUILDAH_", "PODMAN_")
 PULL_TAIL_CHARS = 8 * 1024
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_HTTP_AUTH = re.compile(r"\b(401|403)\b")
 _CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu["']?""")
 
 
@@ -256,7 +257,7 @@ def pull_failure(image: str, output: str, returncode: int) -> str:
     low = output.lower()
     last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), f"exit code {returncode}")
     last = last.removeprefix("Error: ").removeprefix("error: ")
-    if any(s in low for s in ("unauthorized", "authentication required", "denied", "401", "403")):
+    if any(s in low for s in ("unauthorized", "authentication required", "denied")) or _HTTP_AUTH.search(low):
         why = "the registry refused the login (check image_pull_secret): "
     elif any(s in low for s in ("manifest unknown", "not found", "name unknown", "does not exist")):
         why = "image not found (check the name and tag): "
