@@ -55,6 +55,7 @@ ENGINE_ENV = frozenset(
 )
 ENGINE_ENV_PREFIXES = ("CONTAINERS_", "DOCKER_", "REGISTRY_AUTH", "BUILDAH_", "PODMAN_")
 PULL_TAIL_CHARS = 8 * 1024
+OWNER_LABEL = "autoscaler.work_dir"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _HTTP_AUTH = re.compile(r"\b(401|403)\b")
 _CDI_KIND = re.compile(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu["']?""")
@@ -94,6 +95,7 @@ class RunSpec:
     cpus: float = 0
     memory_mb: int = 0
     user: Identity | None = None  # None: the image's own user
+    owner: str = ""  # the agent's work dir: a restarted agent removes what its predecessor left
 
 
 def nvidia_cdi_present(dirs: Iterable[Path] = CDI_DIRS) -> bool:
@@ -170,6 +172,8 @@ def run_argv(engine: Engine, spec: RunSpec) -> list[str]:
     argv += ["run", "--rm", "--init", "--sig-proxy=false", "--pull", "never"]
     argv += ["--name", container_name(spec.task_id, spec.attempt)]
     argv += ["--label", f"autoscaler.task={spec.task_id}", "--label", f"autoscaler.attempt={spec.attempt}"]
+    if spec.owner:
+        argv += ["--label", f"{OWNER_LABEL}={spec.owner}"]
     argv += ["--volume", f"{spec.host_dir}:{TASK_DIR}", "--workdir", TASK_DIR]
     if spec.user is not None:
         argv += ["--user", f"{spec.user.uid}:{spec.user.gid}"]
@@ -198,6 +202,29 @@ def run_argv(engine: Engine, spec: RunSpec) -> list[str]:
     # `--` is not needed by either engine here: everything after the image is the command.
     argv += [spec.image, *spec.command]
     return argv
+
+
+def remove_leftovers(engine: Engine, work_root: Path, env: Mapping[str, str], timeout_s: float = 60.0) -> list[str]:
+    """Remove the containers an earlier agent with this work dir left running.
+
+    The engine CLI dies with the agent (parent-death signal) but the container it
+    started does not: after a `kill -9` or a crash, the restarted agent ends them, so
+    a task the server has requeued elsewhere does not keep this machine's GPU busy."""
+    try:
+        found = subprocess.run(
+            [engine.path, "ps", "-a", "--filter", f"label={OWNER_LABEL}={work_root}", "--format", "{{.Names}}"],
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    names = [n for n in found.stdout.split() if n.startswith("autoscaler-")]
+    for name in names:
+        ContainerControl(engine, name, env).remove(timeout_s)
+    return names
 
 
 def pull_argv(engine: Engine, image: str, authfile: Path | None) -> list[str]:
@@ -453,6 +480,7 @@ class ContainerAttempt:
             cpus=task.cpus,
             memory_mb=task.memory_mb,
             user=identity,
+            owner=str(work_root),
         )
         run_argv(engine, spec)  # a refusal (GPUs without CDI) ends the attempt before pulling
         auth_dir: Path | None = None

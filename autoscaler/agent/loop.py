@@ -30,7 +30,7 @@ from types import FrameType
 
 from autoscaler import __version__
 from autoscaler.agent import credentials, host
-from autoscaler.agent.container import ContainerSettings
+from autoscaler.agent.container import ContainerSettings, detect_engine, remove_leftovers
 from autoscaler.agent.decisions import (
     StopRequest,
     backoff_s,
@@ -129,6 +129,7 @@ class Agent:
         for note in self.task_users.notes:
             log.warning("%s", note)
         self._prepare_work_root()
+        self._remove_leftover_containers()
         reg = self._register()
         if reg is None:
             return EXIT_DONE
@@ -171,6 +172,14 @@ class Agent:
         base = self.task_users.base
         if base is not None and base.switch:
             root.chmod(0o711)
+
+    def _remove_leftover_containers(self) -> None:
+        engine = detect_engine()
+        if engine is None:
+            return
+        gone = remove_leftovers(engine, self.work_root, self.base_env)
+        if gone:
+            log.warning("removed %d container(s) an earlier agent left running: %s", len(gone), ", ".join(gone))
 
     def _register(self) -> Registered | None:
         instance_id = self.s.instance_id

@@ -155,3 +155,19 @@ def test_the_api_refuses_bad_images_and_dangling_pull_secrets(harness: AgentHarn
         assert words in r.text
     plain = harness.enqueue(["true"], gpus=0)
     assert harness.task(plain)["image"] is None
+
+
+def test_a_restarted_agent_removes_the_container_its_killed_predecessor_left(
+    harness: AgentHarness, podman_env: Oci
+) -> None:
+    task_id = harness.enqueue(["sh", "-c", TRAP_TERM], gpus=0, image=podman_env.image)
+    work = harness.tmp / "shared-work"
+    first = unprivileged_agent(harness, extra=["--work-dir", str(work)])
+    wait_for("the task to start in its container", lambda: "ready" in harness.logs(task_id), timeout=60)
+    first.signal(signal.SIGKILL)
+    first.wait()
+    # The engine CLI died with the agent; the container it started did not.
+    assert podman_env.containers(f"autoscaler-{task_id}") != []
+    second = unprivileged_agent(harness, extra=["--work-dir", str(work)])
+    wait_for("the leftover container to go", lambda: podman_env.containers(f"autoscaler-{task_id}") == [], timeout=30)
+    wait_for("the agent to say so", lambda: "an earlier agent left running" in second.log())
