@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure podman (with runc), debootstrap and iptables are installed, and that a
+# Make sure podman (with runc), debootstrap, iptables, Debian's docker-registry and
+# busybox-static are installed, and that a
 # Debian root filesystem for the agent image test (tests/deploy/test_install_agent.py)
 # is cached as a tarball. The tarball is made once with debootstrap (it reaches
 # Debian's package mirror) and reused by every later test session; podman imports it.
@@ -7,6 +8,8 @@
 # Why these pieces (see docs/agent.md, "Testing the install script"): crun, podman's
 # default runtime, refuses hybrid cgroup layouts, so the tests run `podman --runtime
 # runc`; no image can be pulled from a registry, so the root filesystem is built here.
+# The container task tests (tests/agent/test_container_tasks.py) push a busybox image
+# to a docker-registry they start on 127.0.0.1 and have the agent pull it back.
 #
 # Idempotent: installs only what is missing; rebuilds the tarball only when absent.
 # Environment:
@@ -29,6 +32,11 @@ command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+# The static build: the dynamic `busybox` package's binary cannot run in an empty image.
+if ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed"; then
+  missing+=(busybox-static)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
     say "missing ${missing[*]} and apt-get is not available; install them by hand"

@@ -51,4 +51,8 @@ if [ "${INSTALL_CONTAINER_TOOLKIT:-false}" = "true" ]; then
       nvidia-ctk runtime configure --runtime=docker
     fi
   fi
+  # The engine the agent runs container tasks with (docker is used if the base has it).
+  if ! command -v podman >/dev/null 2>&1 && ! command -v docker >/dev/null 2>&1; then
+    apt-get install -y --no-install-recommends podman
+  fi
 fi

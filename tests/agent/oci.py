@@ -1,7 +1,7 @@
 """A real OCI setup for container task tests: rootful podman with runc, Debian's
 `docker-registry` on 127.0.0.1, and a busybox image built here and pushed to it.
 
-Why each piece (see /docs/agent.md, "Container tasks", and scripts/ensure-podman.sh):
+Why each piece (see docs/agent.md, "Container tasks", and scripts/ensure-podman.sh):
 crun refuses these machines' hybrid cgroup layout, so containers.conf picks runc;
 default ulimits cannot be set here, so it clears them; nothing can be pulled from
 the internet, so the image is a busybox-static root filesystem imported with
@@ -52,21 +52,24 @@ def free_port() -> int:
 
 
 def missing_tools() -> str | None:
-    if os.geteuid() != 0:
-        return "container task tests run rootful podman: run them as root"
     for tool in ("podman", "runc", "docker-registry"):
         if shutil.which(tool) is None:
-            return f"{tool} not installed (scripts/ensure-podman.sh installs it)"
-    if not Path("/bin/busybox").exists():
-        return "busybox-static not installed (scripts/ensure-podman.sh installs it)"
+            return f"{tool} is not installed: run scripts/ensure-podman.sh (make test does)"
+    status = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", "busybox-static"], capture_output=True, text=True, check=False
+    )
+    if "install ok installed" not in status.stdout:
+        return "busybox-static is not installed: run scripts/ensure-podman.sh (make test does)"
     return None
 
 
 @contextlib.contextmanager
 def oci_setup(root: Path) -> Iterator[Oci]:
+    if os.geteuid() != 0:
+        pytest.skip("container task tests run rootful podman: run them as root")
     why = missing_tools()
-    if why:
-        pytest.skip(why)
+    if why:  # as in tests/deploy/test_install_agent.py: a missing tool is a failure, not a skip
+        pytest.fail(why, pytrace=False)
     port = free_port()
     registry = f"127.0.0.1:{port}"
     conf = root / "conf"
