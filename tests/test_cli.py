@@ -148,6 +148,28 @@ def test_task_why_with_team_tokens(server: dict[str, str]) -> None:
     assert "admin token" not in explained.stderr
 
 
+def test_enqueue_with_an_image_and_its_pull_secret(server: dict[str, str]) -> None:
+    env = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    image = "registry.example:5000/team/train:1.2"
+    args = ["enqueue", "-q", "gpu", "--gpus", "1", "--image", image]
+    r = cli(*args, "--secret-env", "REG=robot:pw", "--image-pull-secret", "REG", "--", "python", "t.py", env=env)
+    assert r.returncode == 0, r.stderr
+    task_id = r.stdout.strip()
+    shown = cli("task", "show", task_id, env=env)
+    assert f"image: {image} (pull secret REG)" in shown.stdout and "robot:pw" not in shown.stdout
+    as_json = json.loads(cli("task", "show", task_id, "--json", env=env).stdout)
+    assert (as_json["image"], as_json["image_pull_secret"]) == (image, "REG")
+    plain = json.loads(
+        cli("task", "show", cli("enqueue", "-q", "gpu", "--", "true", env=env).stdout.strip(), "--json", env=env).stdout
+    )
+    assert plain["image"] is None  # without --image a task runs on the machine, as before
+    dangling = cli(*args, "--image-pull-secret", "NOPE", "--", "true", env=env)
+    assert dangling.returncode == 1 and "not one of the task's secret_env names" in dangling.stderr
+    assert "Traceback" not in dangling.stderr
+    bad = cli("enqueue", "-q", "gpu", "--image", "--privileged", "--", "true", env=env)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
 SECRET = "wandb-Zq8r3VtLk2mN9pX4sW7y"
 FILE_SECRET = "hf_Jt6Yc2Bn8Kd4Ls1Qw9Ee with spaces"
 SHELL_SECRET = "sk-Pw3Rt5Yu7Io9Pa1Sd"
