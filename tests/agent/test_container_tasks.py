@@ -130,10 +130,17 @@ def test_pull_failures_end_the_attempt_with_a_reason_not_a_hang(harness: AgentHa
         bad_login = harness.enqueue(
             ["true"], gpus=0, image=podman_env.image, secret_env={"REG": "no-colon"}, image_pull_secret="REG"
         )
-        unprivileged_agent(harness, extra=["--max-tasks", "3", "--image-pull-timeout", "3"])
+        # Canceled while its pull hangs: the pull is stopped at once, no timeout awaited.
+        canceled = harness.enqueue(["true"], gpus=0, image=f"127.0.0.1:{port}/autoscaler-test/other:1")
+        unprivileged_agent(harness, extra=["--max-tasks", "4", "--image-pull-timeout", "3"])
+        wait_for("the pull to begin", lambda: "pulling" in harness.logs(canceled), timeout=30)
+        assert harness.admin.post(f"/api/v1/tasks/{canceled}/cancel").status_code == 200
+        c = harness.wait_state(canceled, "canceled", timeout=30)
         m = harness.wait_state(missing, "failed", timeout=60)
         h = harness.wait_state(hanging, "failed", timeout=60)
         b = harness.wait_state(bad_login, "failed", timeout=60)
+    # Stopped by the cancel, not by the pull timeout.
+    assert c["end_reason"] == "canceled" and "canceled by the server" in c["events"][-1]["detail"]
     assert m["end_reason"] == "start_failed" and m["attempts"] == 1
     detail = m["events"][-1]["detail"]
     assert "image pull failed" in detail and "image not found" in detail and "manifest unknown" in detail
