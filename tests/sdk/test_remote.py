@@ -3,7 +3,7 @@ running the task, and the script started as a user starts it (`python train.py`)
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
@@ -40,10 +40,12 @@ def submit_side(
     """`python train.py ARGS` as a user runs it on their laptop: not inside a task."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSCALER_")}
     environ.update(
-        PYTHONPATH=str(REPO),
-        AUTOSCALER_SERVER=harness.server.url,
-        AUTOSCALER_TOKEN=issue_token(harness.ctx, "admin"),
-        **(env or {}),
+        {
+            "PYTHONPATH": str(REPO),
+            "AUTOSCALER_SERVER": harness.server.url,
+            "AUTOSCALER_TOKEN": issue_token(harness.ctx, "admin"),
+            **(env or {}),
+        }
     )
     return subprocess.run(
         [PY, str(script), *args], capture_output=True, text=True, env=environ, cwd=cwd or script.parent, timeout=60
@@ -120,8 +122,16 @@ def test_on_a_worker_it_returns_and_enqueues_nothing(harness: AgentHarness, tmp_
     assert harness.admin.get("/api/v1/tasks").json() == []
 
 
+def _has_snapshot_packer() -> bool:
+    try:
+        importlib.import_module("autoscaler.workload.snapshot")
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.mark.skipif(
-    importlib.util.find_spec("autoscaler.workload.snapshot") is not None,
+    _has_snapshot_packer(),
     reason="the snapshot packer is installed: snapshot mode is covered with the artifact store's tests",
 )
 def test_snapshot_mode_without_the_snapshot_packer_says_what_to_use_instead(
