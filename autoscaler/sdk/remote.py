@@ -25,7 +25,7 @@ from typing import Any, Literal, NoReturn
 from autoscaler.errors import AutoscalerError
 from autoscaler.sdk.client import Client
 from autoscaler.sdk.errors import FeatureMissing, NotAScript, SdkError
-from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode
+from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode, TaskInfo
 
 # Set by the agent in every task's environment (agent/runner.py).
 TASK_ID_ENV = "AUTOSCALER_TASK_ID"
@@ -113,6 +113,13 @@ def code_source(mode: CodeMode, client: Client, root: Path, limit_bytes: int) ->
     raise SdkError(f"code={mode!r}: give 'path', 'snapshot' or 'git'")
 
 
+def ended_how(info: TaskInfo) -> str:
+    """One line on how a task that did not succeed ended, from its last history entry."""
+    last = info.events[-1] if info.events else None
+    why = "" if last is None else f" ({last.reason})" + (f": {last.detail}" if last.detail else "")
+    return f"task {info.id} {info.state}{why}; `autoscaler task show {info.id}` has its history"
+
+
 def _fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(1)
@@ -188,6 +195,9 @@ def run_remotely(
         for chunk in task.logs(follow=True):
             print(chunk.data, end="", file=sys.stderr if chunk.stream == "stderr" else sys.stdout, flush=True)
         info = task.wait()
+        if info.state != "succeeded":
+            # Output alone may not say it (a task that never started printed nothing).
+            print(f"error: {ended_how(info)}", file=sys.stderr, flush=True)
         raise SystemExit(info.exit_code if info.exit_code is not None else (0 if info.state == "succeeded" else 1))
     except AutoscalerError as exc:
         _fail(exc.message)

@@ -84,6 +84,18 @@ def test_follow_streams_the_output_and_exits_with_the_tasks_exit_code(harness: A
     assert worker_line == f"worker ran {script} ['x'] {task_id}"
     assert "gpu 0" in done.stderr
     assert harness.task(task_id)["state"] == "failed"
+    assert done.stderr.splitlines()[-1].startswith(f"error: task {task_id} failed (exit 3): max_attempts reached")
+
+
+def test_follow_says_why_a_task_that_never_started_failed(harness: AgentHarness, tmp_path: Path) -> None:
+    harness.start_agent(gpus=1)
+    script = write_script(tmp_path / "project", extra=", follow=True, python='/no/such/python'")
+    done = submit_side(harness, script)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    task_id = done.stdout.strip()
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"error: task {task_id} failed (start_failed): ") and "/no/such/python" in last
+    assert f"autoscaler task show {task_id}" in last
 
 
 def test_logs_follow_yields_output_while_the_task_runs_and_stops_when_it_ends(harness: AgentHarness) -> None:
