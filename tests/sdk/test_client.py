@@ -24,6 +24,8 @@ from autoscaler.sdk import (
     WaitTimeout,
 )
 from autoscaler.sdk.body import task_body
+from autoscaler.state.db import transaction
+from autoscaler.state.models import TaskLog
 from tests.conftest import LiveServer, free_port, issue_token
 
 
@@ -197,3 +199,18 @@ def test_the_code_carrying_fields_are_sent_only_when_set() -> None:
     assert (full["checkpoint_dir"], full["checkpoint_every_s"]) == ("ckpt", 300)
     git = task_body(["true"], queue="gpu", code=GitCode("https://example.org/r.git", "abc123"))
     assert git["code"] == {"git": "https://example.org/r.git", "ref": "abc123", "diff_snapshot": None}
+
+
+def test_logs_read_past_one_page_of_chunks(client: Client, live_server: LiveServer) -> None:
+    """More output than the server sends in one reply (1000 chunks) comes back whole, in order."""
+    task = client.submit(["true"], queue="gpu", team="vision")
+    with transaction(live_server.ctx.sessions) as s:
+        now = live_server.ctx.clock.now()
+        s.add_all(
+            TaskLog(task_id=task.id, attempt=1, stream="stdout" if n % 3 else "stderr", data=f"{n}\n", at=now)
+            for n in range(2500)
+        )
+    chunks = list(task.logs())
+    assert [c.data for c in chunks] == [f"{n}\n" for n in range(2500)]
+    assert task.output("stderr") == "".join(f"{n}\n" for n in range(0, 2500, 3))
+    assert [c.data for c in task.logs(after=chunks[2399].id)] == [f"{n}\n" for n in range(2400, 2500)]

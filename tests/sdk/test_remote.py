@@ -183,3 +183,33 @@ def test_the_shipped_example_runs_as_is_and_its_output_comes_back(harness: Agent
     assert losses == sorted(losses, reverse=True)  # it trains: the loss goes down
     with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
         assert client.task(task_id).output("stdout").splitlines() == printed
+
+
+def test_a_module_run_with_dash_m_is_run_the_same_way_on_the_worker(harness: AgentHarness, tmp_path: Path) -> None:
+    harness.start_agent(gpus=1)
+    package = tmp_path / "project" / "trainer"
+    write_script(package)  # trainer/train.py
+    (package / "__init__.py").write_text("")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSCALER_")}
+    environ.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "AUTOSCALER_SERVER": harness.server.url,
+            "AUTOSCALER_TOKEN": issue_token(harness.ctx, "admin"),
+        }
+    )
+    done = subprocess.run(
+        [PY, "-m", "trainer.train", "--lr", "1"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path / "project",
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.strip()
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        info = client.task(task_id).wait(timeout=30, poll_s=0.2)
+        assert info.command == [PY, "-m", "trainer.train", "--lr", "1"]
+        assert info.working_dir == str(tmp_path / "project") and info.state == "succeeded"
+        assert client.task(task_id).output("stdout").startswith(f"worker ran {package / 'train.py'} ['--lr', '1']")
