@@ -8,9 +8,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autoscaler.config import default_home
-
 DEFAULT_SERVER = "http://127.0.0.1:8080"
+
+
+def default_home() -> Path:
+    """Where `autoscaler up` keeps its files: the same rule as autoscaler.config.default_home,
+    repeated here because importing the config module (pydantic-settings and every model
+    of autoscaler.yaml) costs a script half a second for one path."""
+    return Path(os.environ.get("AUTOSCALER_HOME", Path.home() / ".autoscaler"))
 
 
 def resolve_server(server: str | None, home: Path | None = None) -> str:

@@ -214,3 +214,15 @@ def test_logs_read_past_one_page_of_chunks(client: Client, live_server: LiveServ
     assert [c.data for c in chunks] == [f"{n}\n" for n in range(2500)]
     assert task.output("stderr") == "".join(f"{n}\n" for n in range(0, 2500, 3))
     assert [c.data for c in task.logs(after=chunks[2399].id)] == [f"{n}\n" for n in range(2400, 2500)]
+
+
+def test_the_sdk_finds_the_home_directory_where_the_server_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoscaler import config
+    from autoscaler.sdk import settings
+
+    monkeypatch.delenv("AUTOSCALER_HOME", raising=False)
+    assert settings.default_home() == config.default_home()
+    monkeypatch.setenv("AUTOSCALER_HOME", str(tmp_path))
+    assert settings.default_home() == config.default_home() == tmp_path
