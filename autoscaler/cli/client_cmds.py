@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,9 +22,11 @@ from autoscaler.cli.common import (
     out,
     print_json,
     print_table,
+    sdk_client,
     shell_command,
 )
 from autoscaler.errors import InvalidInput
+from autoscaler.sdk.body import task_body
 
 task_app = typer.Typer(help="Inspect one task.", no_args_is_help=True)
 token_app = typer.Typer(help="Create tokens (admin).", no_args_is_help=True)
@@ -174,28 +175,28 @@ def enqueue(
     json_out: JsonOpt = False,
 ) -> None:
     """Enqueue a task: `autoscaler enqueue --queue gpu --gpus 1 -- python train.py`."""
-    body = {
-        "queue": queue,
-        "command": command,
-        "gpus": gpus,
-        "gpu_type": gpu_type,
-        "cpus": cpus,
-        "memory_mb": memory_mb,
-        "priority": priority,
-        "max_attempts": max_attempts,
-        "retry_on_exit_codes": _parse_codes(retry_on_exit_codes),
-        "timeout_s": timeout,
-        "env": _parse_env(env or []),
-        "secret_env": {
+    body = task_body(
+        command,
+        queue=queue,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        priority=priority,
+        max_attempts=max_attempts,
+        retry_on_exit_codes=_parse_codes(retry_on_exit_codes),
+        timeout_s=timeout,
+        env=_parse_env(env or []),
+        secret_env={
             **(read_secret_env_file(secret_env_file) if secret_env_file else {}),
             **_parse_secret_env(secret_env or []),
         },
-        "working_dir": workdir,
-        "team": team,
-    }
-    if image is not None or image_pull_secret is not None:  # only then: older servers refuse unknown fields
-        body.update(image=image, image_pull_secret=image_pull_secret)
-    task = client(server, token, home).post("/api/v1/tasks", body)
+        working_dir=workdir,
+        image=image,
+        image_pull_secret=image_pull_secret,
+        team=team,
+    )
+    task = sdk_client(server, token, home).submit_raw(body)
     if json_out:
         print_json(task)
     else:
@@ -250,7 +251,7 @@ def task_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a task and its history."""
-    task = client(server, token, home).get(f"/api/v1/tasks/{task_id}")
+    task = sdk_client(server, token, home).task(task_id).info().raw
     if json_out:
         print_json(task)
         return
@@ -302,7 +303,7 @@ def task_why(
     json_out: JsonOpt = False,
 ) -> None:
     """Why a task is waiting now (a team token reads its own team's tasks)."""
-    answer = client(server, token, home).get(f"/api/v1/tasks/{task_id}/why")
+    answer = sdk_client(server, token, home).task(task_id).why().raw
     if json_out:
         print_json(answer)
         return
@@ -319,29 +320,15 @@ def logs(
     home: HomeOpt = None,
 ) -> None:
     """Print a task's output."""
-    api = client(server, token, home)
-    after = 0
-    while True:
-        chunks = api.get(f"/api/v1/tasks/{task_id}/logs", after=after)
-        for c in chunks:
-            typer.echo(c["data"], nl=False, err=c["stream"] == "stderr")
-            after = c["id"]
-        if not follow:
-            return
-        if not chunks:
-            state = api.get(f"/api/v1/tasks/{task_id}")["state"]
-            if state in ("succeeded", "failed", "canceled"):
-                for c in api.get(f"/api/v1/tasks/{task_id}/logs", after=after):
-                    typer.echo(c["data"], nl=False, err=c["stream"] == "stderr")
-                return
-            time.sleep(1.0)
+    for chunk in sdk_client(server, token, home).task(task_id).logs(follow=follow):
+        typer.echo(chunk.data, nl=False, err=chunk.stream == "stderr")
 
 
 @app.command()
 def cancel(task_id: str, server: ServerOpt = None, token: TokenOpt = None, home: HomeOpt = None) -> None:
     """Cancel a task: removed if queued, stopped by its worker if running."""
-    task = client(server, token, home).post(f"/api/v1/tasks/{task_id}/cancel")
-    typer.echo(f"{task['id']}: {'cancel requested' if task['cancel_requested'] else task['state']}")
+    task = sdk_client(server, token, home).task(task_id).cancel()
+    typer.echo(f"{task.id}: {'cancel requested' if task.cancel_requested else task.state}")
 
 
 @app.command()

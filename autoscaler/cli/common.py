@@ -19,7 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autoscaler.client import ApiClient, resolve_server, resolve_token
+from autoscaler.sdk import Client
+from autoscaler.sdk.transport import Transport
 
 # Not a terminal (a pipe, a file, a test): rich would assume 80 columns and cut ids and
 # timestamps in tables; with no terminal to fit, nothing is cut. COLUMNS still wins.
@@ -40,8 +41,14 @@ HomeOpt = Annotated[Path | None, typer.Option("--home", help="Home dir (SQLite f
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def client(server: str | None, token: str | None, home: Path | None = None) -> ApiClient:
-    return ApiClient(resolve_server(server, home), resolve_token(token, home))
+def sdk_client(server: str | None, token: str | None, home: Path | None = None) -> Client:
+    """The SDK's client, with server and token resolved as documented in autoscaler.sdk.settings."""
+    return Client(server, token, home=home)
+
+
+def client(server: str | None, token: str | None, home: Path | None = None) -> Transport:
+    """The SDK's JSON layer, for the commands that print a reply as the server sent it."""
+    return sdk_client(server, token, home).api
 
 
 def print_json(data: Any) -> None:

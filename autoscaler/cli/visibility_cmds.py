@@ -17,9 +17,9 @@ from rich.table import Table
 
 from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, ServerOpt, TokenOpt, client, out, print_json
-from autoscaler.client import ApiClient
 from autoscaler.ledger.period import parse_month
 from autoscaler.reports.focus import ParquetUnavailable, to_csv, to_parquet
+from autoscaler.sdk.transport import Transport
 
 Format = Literal["table", "json", "csv", "focus"]
 
@@ -99,7 +99,7 @@ def spend(
         typer.echo(text, nl=False)
 
 
-def top_view(api: ApiClient) -> Group:
+def top_view(api: Transport) -> Group:
     """One frame of `top`: queues, then the fleet by provider/pool/capacity type/state."""
     queues = api.get("/api/v1/queues")
     instances = api.get("/api/v1/instances")

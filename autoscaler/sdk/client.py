@@ -1,0 +1,133 @@
+"""`Client`: the entry point of the SDK. Holds the server URL and token and makes
+`Task` handles; the CLI's client commands go through it too."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from autoscaler.sdk.body import task_body
+from autoscaler.sdk.errors import SdkError
+from autoscaler.sdk.models import CodeSource, Snapshot, TaskInfo
+from autoscaler.sdk.settings import resolve_server, resolve_token
+from autoscaler.sdk.task import Task
+from autoscaler.sdk.transport import Transport, missing_feature
+
+
+class Client:
+    """`Client()` finds the server and token as the CLI does (arguments, then
+    AUTOSCALER_SERVER / AUTOSCALER_TOKEN, then `server.url` / `admin.token` in
+    AUTOSCALER_HOME); pass them to override. Usable as a context manager."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        token: str | None = None,
+        *,
+        home: Path | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.server = resolve_server(server, home)
+        # The raw JSON layer: for endpoints the SDK has no method for (the CLI's admin views).
+        self.api = Transport(self.server, resolve_token(token, home), timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.api.close()
+
+    def submit_raw(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Enqueue from a ready body (see `autoscaler.sdk.body.task_body`); the reply as sent."""
+        reply: dict[str, Any] = self.api.post("/api/v1/tasks", dict(body))
+        return reply
+
+    def submit(
+        self,
+        command: Sequence[str],
+        *,
+        queue: str,
+        gpus: int = 0,
+        gpu_type: str | None = None,
+        cpus: float = 0,
+        memory_mb: int = 0,
+        env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        working_dir: str | None = None,
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry_on_exit_codes: Sequence[int] | None = None,
+        timeout_s: float | None = None,
+        team: str | None = None,
+        image: str | None = None,
+        image_pull_secret: str | None = None,
+        code: CodeSource | None = None,
+        setup: str | None = None,
+        outputs: Sequence[str] | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every_s: int | None = None,
+    ) -> Task:
+        """Enqueue `command` (argv, no shell) and return its handle. The options are the
+        CLI's `enqueue` options; see docs/sdk.md for each."""
+        if isinstance(command, str):
+            # A string would be sent as one argv entry per character.
+            raise SdkError(f"command must be a list of arguments, e.g. {command.split()!r}, not a string")
+        body = task_body(
+            command,
+            queue=queue,
+            gpus=gpus,
+            gpu_type=gpu_type,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            env=env,
+            secret_env=secret_env,
+            working_dir=working_dir,
+            priority=priority,
+            max_attempts=max_attempts,
+            retry_on_exit_codes=retry_on_exit_codes,
+            timeout_s=timeout_s,
+            team=team,
+            image=image,
+            image_pull_secret=image_pull_secret,
+            code=code,
+            setup=setup,
+            outputs=outputs,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every_s=checkpoint_every_s,
+        )
+        return self.task(self.submit_raw(body)["id"])
+
+    def task(self, task_id: str) -> Task:
+        """A handle on an existing task (no request is made until a method is called)."""
+        return Task(self.api, task_id)
+
+    def tasks(
+        self,
+        *,
+        queue: str | None = None,
+        state: Sequence[str] | None = None,
+        team: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskInfo]:
+        """Tasks, newest first (a team token sees its own team's only)."""
+        rows = self.api.get("/api/v1/tasks", queue=queue, state=list(state) if state else None, team=team, limit=limit)
+        return [TaskInfo.parse(r) for r in rows]
+
+    def upload_snapshot(self, archive: Path) -> Snapshot:
+        """Store a tar.gz of code on the server; the returned digest goes in
+        `submit(code=SnapshotCode(digest))`. Raises `FeatureMissing` when the server has
+        no snapshot store."""
+        endpoint = "/api/v1/snapshots"
+        try:
+            reply = self.api.post_file(endpoint, archive, "application/gzip")
+        except SdkError as exc:
+            raise missing_feature(exc, "snapshot store", f"POST {endpoint}", self.server) from None
+        snapshot: Snapshot = Snapshot.parse(reply)
+        return snapshot

@@ -1,0 +1,206 @@
+"""`run_remotely(...)`: one call at the top of a script sends the script to a GPU worker.
+
+On the submitting side it enqueues the same script with the same arguments, prints
+the task id and exits; on a worker (the agent sets AUTOSCALER_TASK_ID for every task)
+it returns and the script carries on. How the worker gets the code is `code=`:
+
+- "path": the worker reaches the script's directory at the same path (the local
+  provider of `make run`, a shared filesystem, an NFS home); nothing is copied and the
+  same interpreter (`sys.executable`) runs it.
+- "snapshot": the directory is packed (honouring .gitignore) and uploaded to the
+  server's snapshot store; the worker unpacks it.
+- "git": the worker checks out the directory's git remote at its current commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from autoscaler.errors import AutoscalerError
+from autoscaler.sdk.client import Client
+from autoscaler.sdk.errors import FeatureMissing, NotAScript, SdkError
+from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode, TaskInfo
+
+# Set by the agent in every task's environment (agent/runner.py).
+TASK_ID_ENV = "AUTOSCALER_TASK_ID"
+DEFAULT_SNAPSHOT_LIMIT = 256 * 1024 * 1024
+
+CodeMode = Literal["path", "snapshot", "git"]
+
+
+def on_worker() -> bool:
+    """True inside a task an agent started."""
+    return bool(os.environ.get(TASK_ID_ENV))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How this process was started, as a command a worker can run again."""
+
+    args: list[str]  # after the interpreter: ["train.py", ...] or ["-m", "pkg.train", ...]
+    root: Path  # the directory the command runs in (and the one shipped)
+
+
+def entry_point(argv: Sequence[str] | None = None) -> Entry:
+    """The running script (or `-m` module) and its arguments, relative to its directory."""
+    argv = list(sys.argv if argv is None else argv)
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if main_file is None or not argv or argv[0] in ("", "-c"):
+        raise NotAScript(
+            "run_remotely() needs a script file to send: call it at the top of a script run as "
+            "`python train.py` (not from a REPL, a notebook or `python -c`)"
+        )
+    if spec is not None and spec.name not in ("__main__", ""):
+        # `python -m pkg.train`: run the module again from the directory it was found from.
+        return Entry(["-m", spec.name.removesuffix(".__main__"), *argv[1:]], Path.cwd())
+    script = Path(main_file).resolve()
+    return Entry([script.name, *argv[1:]], script.parent)
+
+
+# -- How the code reaches the worker -------------------------------------------------
+# "path" needs nothing from the server. "snapshot" and "git" need the snapshot store
+# and the `code` task field (autoscaler.workload.snapshot and POST /api/v1/snapshots);
+# a server without them answers with a FeatureMissing saying so.
+
+
+def _snapshot_module() -> Any:
+    try:
+        return importlib.import_module("autoscaler.workload.snapshot")
+    except ImportError:
+        raise FeatureMissing(
+            "this installation has no code snapshots (autoscaler.workload.snapshot is missing): "
+            "use code='path' with a directory the worker reaches at the same path, or upgrade autoscaler"
+        ) from None
+
+
+def snapshot_code(client: Client, root: Path, limit_bytes: int) -> SnapshotCode:
+    """Pack `root` and upload it: the one place code leaves this machine."""
+    packed = _snapshot_module().pack_directory(root, limit_bytes=limit_bytes)
+    try:
+        snapshot = client.upload_snapshot(Path(packed.path))
+    finally:
+        Path(packed.path).unlink(missing_ok=True)
+    return SnapshotCode(snapshot.digest)
+
+
+def git_code(root: Path) -> GitCode:
+    state = _snapshot_module().git_state(root)
+    if state is None:
+        raise SdkError(f"{root} is not in a git checkout with a remote: use code='snapshot' or code='path'")
+    if state.diff:
+        raise SdkError(
+            f"{root} has uncommitted changes: commit and push them, or use code='snapshot' to send them as they are"
+        )
+    return GitCode(url=str(state.url), ref=str(state.commit))
+
+
+def code_source(mode: CodeMode, client: Client, root: Path, limit_bytes: int) -> tuple[str | None, CodeSource | None]:
+    """(working_dir, code) for the task."""
+    if mode == "path":
+        return str(root), None
+    if mode == "snapshot":
+        return None, snapshot_code(client, root, limit_bytes)
+    if mode == "git":
+        return None, git_code(root)
+    raise SdkError(f"code={mode!r}: give 'path', 'snapshot' or 'git'")
+
+
+def ended_how(info: TaskInfo) -> str:
+    """One line on how a task that did not succeed ended, from its last history entry."""
+    last = info.events[-1] if info.events else None
+    why = "" if last is None else f" ({last.reason})" + (f": {last.detail}" if last.detail else "")
+    return f"task {info.id} {info.state}{why}; `autoscaler task show {info.id}` has its history"
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def run_remotely(
+    *,
+    queue: str,
+    gpus: int = 0,
+    gpu_type: str | None = None,
+    cpus: float = 0,
+    memory_mb: int = 0,
+    env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, str] | None = None,
+    priority: int = 0,
+    max_attempts: int = 3,
+    retry_on_exit_codes: Sequence[int] | None = None,
+    timeout_s: float | None = None,
+    team: str | None = None,
+    image: str | None = None,
+    image_pull_secret: str | None = None,
+    setup: str | None = None,
+    outputs: Sequence[str] | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every_s: int | None = None,
+    code: CodeMode = "path",
+    python: str | None = None,
+    follow: bool = False,
+    snapshot_limit_bytes: int = DEFAULT_SNAPSHOT_LIMIT,
+    client: Client | None = None,
+    server: str | None = None,
+    token: str | None = None,
+) -> None:
+    """On a worker: return at once. Elsewhere: enqueue this script with this process's
+    arguments, print the task id and exit 0 (with `follow=True`: print the task's
+    output as it comes, then exit with the task's exit code). Errors print one line
+    and exit 1. `python`: the interpreter on the worker (default: this one for
+    code='path', `python3` otherwise)."""
+    if on_worker():
+        return
+    own = client is None
+    api = client or Client(server, token)
+    try:
+        entry = entry_point()
+        working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes)
+        interpreter = python or (sys.executable if code == "path" else "python3")
+        task = api.submit(
+            [interpreter, *entry.args],
+            queue=queue,
+            gpus=gpus,
+            gpu_type=gpu_type,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            env=env,
+            secret_env=secret_env,
+            working_dir=working_dir,
+            priority=priority,
+            max_attempts=max_attempts,
+            retry_on_exit_codes=retry_on_exit_codes,
+            timeout_s=timeout_s,
+            team=team,
+            image=image,
+            image_pull_secret=image_pull_secret,
+            code=source,
+            setup=setup,
+            outputs=outputs,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every_s=checkpoint_every_s,
+        )
+        print(task.id, flush=True)
+        if not follow:
+            raise SystemExit(0)
+        for chunk in task.logs(follow=True):
+            print(chunk.data, end="", file=sys.stderr if chunk.stream == "stderr" else sys.stdout, flush=True)
+        info = task.wait()
+        if info.state != "succeeded":
+            # Output alone may not say it (a task that never started printed nothing).
+            print(f"error: {ended_how(info)}", file=sys.stderr, flush=True)
+        raise SystemExit(info.exit_code if info.exit_code is not None else (0 if info.state == "succeeded" else 1))
+    except AutoscalerError as exc:
+        _fail(exc.message)
+    finally:
+        if own:
+            api.close()

@@ -1,0 +1,215 @@
+"""`run_remotely` and the Task handle end to end: a real server, a real agent process
+running the task, and the script started as a user starts it (`python train.py`)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoscaler.sdk import Client
+from tests.agent.conftest import PY, AgentHarness, py
+from tests.conftest import REPO, free_port, issue_token
+
+TRAIN = """\
+import os, sys
+from autoscaler.sdk import run_remotely
+
+run_remotely(queue="gpu", gpus=1, team="vision"{extra})
+# Only the worker gets here.
+print("worker ran", os.path.abspath(__file__), sys.argv[1:], os.environ["AUTOSCALER_TASK_ID"], flush=True)
+print("gpu", os.environ.get("CUDA_VISIBLE_DEVICES"), file=sys.stderr, flush=True)
+sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+
+
+def write_script(root: Path, extra: str = "") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    script = root / "train.py"
+    script.write_text(TRAIN.format(extra=extra))
+    return script
+
+
+def submit_side(
+    harness: AgentHarness, script: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python train.py ARGS` as a user runs it on their laptop: not inside a task."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSCALER_")}
+    environ.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "AUTOSCALER_SERVER": harness.server.url,
+            "AUTOSCALER_TOKEN": issue_token(harness.ctx, "admin"),
+            **(env or {}),
+        }
+    )
+    return subprocess.run(
+        [PY, str(script), *args], capture_output=True, text=True, env=environ, cwd=cwd or script.parent, timeout=60
+    )
+
+
+def test_python_train_py_enqueues_itself_and_the_sdk_returns_the_workers_output(
+    harness: AgentHarness, tmp_path: Path
+) -> None:
+    harness.start_agent(gpus=1)
+    script = write_script(tmp_path / "project")
+    # Started from another directory, with arguments: the task runs the same file with the same ones.
+    done = submit_side(harness, script, "--epochs", "2", "a b", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout  # the task id, and nothing the worker part prints
+    task_id = lines[0]
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        task = client.task(task_id)
+        info = task.wait(timeout=30, poll_s=0.2)
+        assert info.state == "succeeded" and info.exit_code == 0, harness.agents[0].log()
+        assert info.command == [PY, "train.py", "--epochs", "2", "a b"]
+        assert info.working_dir == str(script.parent)
+        assert task.output("stdout") == f"worker ran {script} ['--epochs', '2', 'a b'] {task_id}\n"
+        assert task.output("stderr") == "gpu 0\n"
+        followed = list(task.logs(follow=True))
+        assert "".join(c.data for c in followed if c.stream == "stdout") == task.output("stdout")
+
+
+def test_follow_streams_the_output_and_exits_with_the_tasks_exit_code(harness: AgentHarness, tmp_path: Path) -> None:
+    harness.start_agent(gpus=1)
+    script = write_script(tmp_path / "project", extra=", follow=True, max_attempts=1, env={'EXIT_WITH': '3'}")
+    done = submit_side(harness, script, "x")
+    assert done.returncode == 3, done.stderr
+    task_id, worker_line = done.stdout.splitlines()
+    assert worker_line == f"worker ran {script} ['x'] {task_id}"
+    assert "gpu 0" in done.stderr
+    assert harness.task(task_id)["state"] == "failed"
+    assert done.stderr.splitlines()[-1].startswith(f"error: task {task_id} failed (exit 3): max_attempts reached")
+
+
+def test_follow_says_why_a_task_that_never_started_failed(harness: AgentHarness, tmp_path: Path) -> None:
+    harness.start_agent(gpus=1)
+    script = write_script(tmp_path / "project", extra=", follow=True, python='/no/such/python'")
+    done = submit_side(harness, script)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    task_id = done.stdout.strip()
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"error: task {task_id} failed (start_failed): ") and "/no/such/python" in last
+    assert f"autoscaler task show {task_id}" in last
+
+
+def test_logs_follow_yields_output_while_the_task_runs_and_stops_when_it_ends(harness: AgentHarness) -> None:
+    harness.start_agent(gpus=1)
+    code = "import time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.5)\n"
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        task = client.submit(py(code), queue="gpu", gpus=1, team="vision")
+        seen = "".join(c.data for c in task.logs(follow=True, poll_s=0.1))
+        assert seen == "step 0\nstep 1\nstep 2\n"
+        assert task.info().state == "succeeded"
+
+
+def test_errors_on_the_submitting_side_are_one_line_and_exit_1(harness: AgentHarness, tmp_path: Path) -> None:
+    script = write_script(tmp_path / "project")
+    down = submit_side(harness, script, env={"AUTOSCALER_SERVER": f"http://127.0.0.1:{free_port()}"})
+    assert down.returncode == 1 and down.stdout == ""
+    assert down.stderr.startswith("error: cannot reach the server at") and "Traceback" not in down.stderr
+    bad_queue = write_script(tmp_path / "other", extra=", priority=5000")
+    refused = submit_side(harness, bad_queue)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: 422: invalid request: body.priority")
+    inline = subprocess.run(
+        [PY, "-c", "from autoscaler.sdk import run_remotely; run_remotely(queue='gpu')"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "AUTOSCALER_SERVER": harness.server.url},
+        timeout=60,
+    )
+    assert inline.returncode == 1 and "needs a script file" in inline.stderr and "Traceback" not in inline.stderr
+    assert harness.admin.get("/api/v1/tasks").json() == []  # nothing was enqueued by any of them
+
+
+def test_on_a_worker_it_returns_and_enqueues_nothing(harness: AgentHarness, tmp_path: Path) -> None:
+    script = write_script(tmp_path / "project")
+    done = submit_side(harness, script, env={"AUTOSCALER_TASK_ID": "t-already-here"})
+    assert done.returncode == 0 and done.stdout.startswith("worker ran")
+    assert harness.admin.get("/api/v1/tasks").json() == []
+
+
+def _has_snapshot_packer() -> bool:
+    try:
+        importlib.import_module("autoscaler.workload.snapshot")
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    _has_snapshot_packer(),
+    reason="the snapshot packer is installed: snapshot mode is covered with the artifact store's tests",
+)
+def test_snapshot_mode_without_the_snapshot_packer_says_what_to_use_instead(
+    harness: AgentHarness, tmp_path: Path
+) -> None:
+    script = write_script(tmp_path / "project", extra=", code='snapshot'")
+    done = submit_side(harness, script)
+    assert done.returncode == 1 and "no code snapshots" in done.stderr and "code='path'" in done.stderr
+    assert harness.admin.get("/api/v1/tasks").json() == []
+
+
+def test_the_sdk_is_importable_without_the_server_stack() -> None:
+    """A laptop needs httpx and pydantic only: importing the SDK loads no server module."""
+    code = (
+        "import sys, autoscaler.sdk\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'fastapi', 'uvicorn')"
+        " or m.startswith(('autoscaler.api', 'autoscaler.state', 'autoscaler.agent'))]\n"
+        "print(bad)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_the_shipped_example_runs_as_is_and_its_output_comes_back(harness: AgentHarness, tmp_path: Path) -> None:
+    """examples/laptop-to-gpu/train.py, unchanged, as docs/laptop-to-gpu.md runs it."""
+    harness.start_agent(gpus=1)
+    example = REPO / "examples" / "laptop-to-gpu" / "train.py"
+    done = submit_side(harness, example, "--epochs", "4", env={"FOLLOW": "1"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    task_id, *printed = done.stdout.splitlines()
+    assert printed[0].startswith(f"task {task_id} on ") and printed[0].endswith("GPUs '0'")
+    epochs = [line for line in printed if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epochs] == ["1/4", "2/4", "3/4", "4/4"]
+    losses = [float(line.split()[-1]) for line in epochs]
+    assert losses == sorted(losses, reverse=True)  # it trains: the loss goes down
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        assert client.task(task_id).output("stdout").splitlines() == printed
+
+
+def test_a_module_run_with_dash_m_is_run_the_same_way_on_the_worker(harness: AgentHarness, tmp_path: Path) -> None:
+    harness.start_agent(gpus=1)
+    package = tmp_path / "project" / "trainer"
+    write_script(package)  # trainer/train.py
+    (package / "__init__.py").write_text("")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSCALER_")}
+    environ.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "AUTOSCALER_SERVER": harness.server.url,
+            "AUTOSCALER_TOKEN": issue_token(harness.ctx, "admin"),
+        }
+    )
+    done = subprocess.run(
+        [PY, "-m", "trainer.train", "--lr", "1"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path / "project",
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.strip()
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        info = client.task(task_id).wait(timeout=30, poll_s=0.2)
+        assert info.command == [PY, "-m", "trainer.train", "--lr", "1"]
+        assert info.working_dir == str(tmp_path / "project") and info.state == "succeeded"
+        assert client.task(task_id).output("stdout").startswith(f"worker ran {package / 'train.py'} ['--lr', '1']")
