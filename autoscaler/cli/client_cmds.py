@@ -26,6 +26,7 @@ from autoscaler.cli.common import (
     shell_command,
 )
 from autoscaler.errors import InvalidInput
+from autoscaler.lifecycle import TASK_FINAL
 
 task_app = typer.Typer(help="Inspect one task.", no_args_is_help=True)
 token_app = typer.Typer(help="Create tokens (admin).", no_args_is_help=True)
@@ -315,7 +316,7 @@ def logs(
             return
         if not chunks:
             state = api.get(f"/api/v1/tasks/{task_id}")["state"]
-            if state in ("succeeded", "failed", "canceled"):
+            if state in TASK_FINAL:
                 for c in api.get(f"/api/v1/tasks/{task_id}/logs", after=after):
                     typer.echo(c["data"], nl=False, err=c["stream"] == "stderr")
                 return
