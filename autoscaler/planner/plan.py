@@ -720,9 +720,7 @@ class _Packer:
     new bin is bought from the first pool (rank order) that may take it, in the shape
     the `_OfferingChooser` picks. Everything it changes is its own; `pack` hands it back."""
 
-    def __init__(
-        self, sc: _Scope, bounds: _Bounds, count: Counter[str], book: _TeamBook, type_ok: _TypeMatch
-    ) -> None:
+    def __init__(self, sc: _Scope, bounds: _Bounds, count: Counter[str], book: _TeamBook, type_ok: _TypeMatch) -> None:
         self.sc, self.bounds, self.book, self.type_ok = sc, bounds, book, type_ok
         self.count = Counter(count)
         self.bins: list[_Bin] = []
