@@ -2,8 +2,9 @@
 background jobs, then serves it with uvicorn.
 
 `autoscaler server` runs the API (plus housekeeping); `autoscaler up` is what
-`make run` starts: the API and, as later components register themselves in
-`COMPONENTS`, the policy service, the reconciler and the local provider.
+`make run` starts: the API and, in this order, the policy service, the reconciler (with
+the pools' providers) and alert delivery, each wired by its `component` function into
+the typed fields of `Runtime` and `AppContext`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
 from autoscaler.config import AutoscalerConfig
 from autoscaler.errors import ConfigError
-from autoscaler.ledger.routes import router as spend_router
-from autoscaler.notify.routes import router as alerts_router
+from autoscaler.notify.component import notify_component
+from autoscaler.policy.component import policy_component
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.queueing.unschedulable import review_queued
 from autoscaler.queueing.workers import expire_silent_workers
+from autoscaler.reconciler.component import reconciler_component
 from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
 from autoscaler.state.models import ApiToken
 
@@ -113,12 +115,6 @@ def ensure_admin_token(ctx: AppContext, home: Path) -> Path:
     return path
 
 
-# Components started by `up`, registered by the modules that provide them (policy,
-# reconciler, ...). Each receives the runtime and may add routers, extras and jobs.
-Component = Callable[["Runtime"], None]
-COMPONENTS: list[Component] = []
-
-
 @dataclass
 class Runtime:
     config: AutoscalerConfig
@@ -177,11 +173,12 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     scheduler.add_job(
         review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
     )
-    # Spend is read-only and useful without the loop too (`autoscaler server`).
-    ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
     if full_loop:
-        for component in COMPONENTS:
-            component(runtime)
+        # In this order: the reconciler evaluates through the policy service, and alert
+        # delivery sends what the reconcile cycles record.
+        policy_component(runtime)
+        reconciler_component(runtime)
+        notify_component(runtime)
     return runtime
 
 
@@ -206,7 +203,6 @@ def app_from_env() -> Any:
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, settings.home, create=False),
     )
-    ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
     return create_app(ctx)
 
 
@@ -313,12 +309,3 @@ class GracefulServer(uvicorn.Server):
             log.exception("stopping the local agents failed")
         finally:
             self.should_exit = True
-
-
-# The full loop of `autoscaler up`, in order: the policy service, then the reconciler
-# (which evaluates through it and builds the pools' providers), then alert delivery.
-from autoscaler.notify.component import notify_component  # noqa: E402
-from autoscaler.policy.component import policy_component  # noqa: E402
-from autoscaler.reconciler.component import reconciler_component  # noqa: E402
-
-COMPONENTS.extend([policy_component, reconciler_component, notify_component])

@@ -19,6 +19,7 @@ from typing import Any
 from autoscaler.admission.gate import Machine, refusal
 from autoscaler.admission.model import TeamAdmission
 from autoscaler.admission.quota import Quota, cap
+from autoscaler.lifecycle import TASK_ACTIVE
 
 CODES = (
     "policy_failed",
@@ -88,7 +89,7 @@ def _ts(at: datetime | None) -> str:
 
 def _not_queued(task: TaskFacts) -> Why:
     details: dict[str, Any] = {"state": task.state}
-    if task.state in ("leased", "running"):
+    if task.state in TASK_ACTIVE:
         since = task.started_at
         text = f"not waiting: {task.state} on worker {task.worker_id or '?'}" + (
             f" since {_ts(since)}" if since else ""

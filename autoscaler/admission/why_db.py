@@ -15,10 +15,11 @@ from autoscaler.admission import store as admission_store
 from autoscaler.admission.quota import cap
 from autoscaler.admission.why import Booting, Spend, TaskFacts, Why, explain_task, standing
 from autoscaler.ledger.spend import burn_rate, month_to_date
+from autoscaler.lifecycle import INSTANCE_BOOTING
 from autoscaler.queueing.tasks import team_usage
 from autoscaler.state.models import DecisionRecord, Instance, QueueRow, Task
 
-BOOTING_STATES = ("requested", "launching", "booting")
+BOOTING_STATES = INSTANCE_BOOTING
 BOOT_HISTORY = 20  # the last N boots of a pool give its typical boot time
 
 

@@ -26,11 +26,9 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
 from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
-from autoscaler.api.routes import fleet, queues, tasks, tokens, workers
+from autoscaler.api.routes import alerts, fleet, metrics, policy, queues, reports, spend, tasks, tokens, workers
 from autoscaler.auth import security
 from autoscaler.errors import AutoscalerError
-from autoscaler.metrics import route as metrics_route
-from autoscaler.reports import routes as report_routes
 from autoscaler.web import pages as dashboard
 
 log = logging.getLogger(__name__)
@@ -193,9 +191,9 @@ def create_app(ctx: AppContext) -> FastAPI:
             s.execute(text("SELECT 1"))
         return {"status": "ok", "version": __version__}
 
-    for module in (queues, tasks, workers, fleet, tokens, report_routes, metrics_route, dashboard):
+    # Every router, in every process: an endpoint whose component this process does not
+    # run (the policy service under `autoscaler server`) says so itself.
+    for module in (queues, tasks, workers, fleet, tokens, spend, reports, alerts, policy, metrics, dashboard):
         app.include_router(module.router)
-    for hook in ctx.extras.get("routers", []):
-        app.include_router(hook)
     document_errors(app)
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -12,6 +12,11 @@ from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import PrincipalCache
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import AutoscalerConfig
+
+if TYPE_CHECKING:
+    # Only for the annotations: the API must import without the reconciler's providers.
+    from autoscaler.policy.service import PolicyService
+    from autoscaler.reconciler.loop import ReconcileLoop
 
 
 @dataclass
@@ -21,8 +26,10 @@ class AppContext:
     clock: Clock = field(default_factory=SystemClock)
     # Called after enqueue and worker changes; the reconciler debounces it.
     wake: Callable[[str], None] = lambda _reason: None
-    # Optional components attached by `autoscaler up` (policy service, reconciler...).
-    extras: dict[str, Any] = field(default_factory=dict)
+    # The components `autoscaler up` attaches (`autoscaler.server.build_runtime`); None
+    # in `autoscaler server`, whose policy endpoints then say the service is not running.
+    policy: PolicyService | None = None
+    reconciler: ReconcileLoop | None = None
     # Recently resolved tokens (revocation reaches other processes within its TTL, 5 s).
     principals: PrincipalCache = field(default_factory=PrincipalCache)
     # Seals task secret_env at enqueue and opens it for the leasing worker. None: this

@@ -16,13 +16,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.auth import security
+from autoscaler.lifecycle import INSTANCE_LISTED, WORKER_LIVE, InstanceState
 from autoscaler.notify.deliver import delivery_counts
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.reports.spend import TeamSpend
 from autoscaler.state.models import DecisionRecord, Instance, InstanceEvent, Task, TaskEvent, Worker
 
-LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
-LIVE_WORKER_STATES = ("idle", "busy", "draining")
+LIVE_INSTANCE_STATES = INSTANCE_LISTED
+LIVE_WORKER_STATES = WORKER_LIVE
 
 
 def _queue_families(session: Session, now: datetime, team: str | None) -> Iterator[Metric]:
@@ -129,7 +130,8 @@ def _fleet_families(session: Session, team: str | None) -> Iterator[Metric]:
 
 # Transitions counted for the shipped alerting rules (deploy/prometheus/): launches
 # (booting = the provider returned an instance), refusals, boot timeouts, losses.
-COUNTED_TRANSITIONS = ("launching", "booting", "launch_failed", "boot_timeout", "lost", "preempted")
+_I = InstanceState
+COUNTED_TRANSITIONS = (_I.LAUNCHING, _I.BOOTING, _I.LAUNCH_FAILED, _I.BOOT_TIMEOUT, _I.LOST, _I.PREEMPTED)
 
 
 def _lifecycle_families(session: Session, now: datetime, team: str | None) -> Iterator[Metric]:

@@ -12,17 +12,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
 from autoscaler.policy.schema import Decision
 
 # Every record here is slotted: a 10x snapshot holds ~100,000 of them, and without a
 # per-object __dict__ they take half the memory and half the garbage collector's work.
 
-# Instance states that hold (or will hold) capacity and count against a pool's max.
-LIVE_STATES = frozenset({"requested", "launching", "booting", "ready", "draining"})
-# Capacity asked for but not yet registered as a worker.
-BOOTING_STATES = frozenset({"requested", "launching", "booting"})
-# Instance states the planner always terminates (the reconciler's passive sync set them).
-DEAD_STATES = frozenset({"lost", "preempted", "boot_timeout"})
+# The instance states the planner reads (see `autoscaler.lifecycle` for each meaning).
+LIVE_STATES = INSTANCE_LIVE
+BOOTING_STATES = INSTANCE_BOOTING
+DEAD_STATES = INSTANCE_DEAD
 SHARED_TEAM = "shared"
 
 

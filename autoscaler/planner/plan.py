@@ -32,6 +32,7 @@ from autoscaler.admission.gate import Machine, added_spend, placement_refusal
 from autoscaler.admission.model import TeamAdmission, from_decision
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
+from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -52,6 +53,8 @@ from autoscaler.planner.model import (
 from autoscaler.policy.schema import Decision, TeamDecision
 
 INF = math.inf
+# An instance whose agent registered (it may have left since).
+_REGISTERED = frozenset({InstanceState.READY, InstanceState.DRAINING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +329,7 @@ def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
                         mark="boot_timeout",
                     )
                 )
-        elif inst.state in ("ready", "draining") and inst.worker_state in (None, "gone"):
+        elif inst.state in _REGISTERED and inst.worker_state in (None, WorkerState.GONE):
             if inst.state == "draining":
                 out.append(Terminate(inst.id, inst.pool, "worker drained"))
             else:
@@ -456,36 +459,81 @@ class _OfferingChooser:
         return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
 
 
-def plan(inp: PlanInput) -> Plan:
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What every step reads and none changes: the snapshot indexed, and who is drained."""
+
+    inp: PlanInput
+    pools: dict[str, PoolView]
+    queues: dict[str, QueueView]
+    cost: dict[str, float]  # USD/h per useful GPU of each pool's cheapest offering
+    ranked: dict[str, list[PoolView]]  # per queue, its pools in the order to try them
+    by_id: dict[str, InstanceView]
+    teams_in_demand: frozenset[str]
+    drained_teams: frozenset[str]
+    tds: dict[str, TeamDecision]  # the decision for each team with demand
+
+    def team_drained_worker(self, instance_id: str | None) -> bool:
+        inst = self.by_id.get(instance_id) if instance_id else None
+        return inst is not None and inst.team in self.drained_teams
+
+    def tier(self, team: str) -> int:
+        return self.tds[team].priority_tier
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounds:
+    """Each pool's instance bounds for this plan: the config's, tightened by the policy."""
+
+    max_eff: dict[str, int]
+    min_eff: dict[str, int]
+
+
+@dataclass(slots=True)
+class _Capacity:
+    """Existing and booting capacity by pool, and the idle workers past their timeout.
+    Step 2 marks the slots it uses; step 4 drains only the idle ones it did not."""
+
+    slots: dict[str, _FreeIndex[_Slot]]
+    idle: list[tuple[_Slot, InstanceView | None, float]]
+
+
+def _scope(inp: PlanInput) -> _Scope:
     dec = inp.decision
     pools = {p.name: p for p in inp.pools}
     queues = {q.name: q for q in inp.queues}
     cost = {name: _pool_cost(p) for name, p in pools.items()}
-    teams_in_demand = {g.team for g in inp.demand}
-    drained_teams = {t for t, td in dec.teams.items() if td.drain}
+    teams_in_demand = frozenset(g.team for g in inp.demand)
+    drained = {t for t, td in dec.teams.items() if td.drain}
     if dec.default_team.drain:
-        drained_teams |= teams_in_demand | {i.team for i in inp.instances if i.team}
-    notes: list[str] = []
-    if dec.fail_safe:
-        notes.append(
-            f"policy could not be evaluated ({dec.error}): holding, nothing is launched (not even for pool "
-            "minimums), running work is kept, idle machines still drain"
-        )
+        drained |= teams_in_demand | {i.team for i in inp.instances if i.team}
+    return _Scope(
+        inp,
+        pools,
+        queues,
+        cost,
+        {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues},
+        {i.id: i for i in inp.instances},
+        teams_in_demand,
+        frozenset(drained),
+        {t: dec.team(t) for t in teams_in_demand},
+    )
 
-    # 1. clean up --------------------------------------------------------------------
-    terminations = _cleanup(inp, drained_teams)
-    gone = {t.instance_id for t in terminations}
-    by_id = {i.id: i for i in inp.instances}
 
-    def team_drained_worker(instance_id: str | None) -> bool:
-        inst = by_id.get(instance_id) if instance_id else None
-        return inst is not None and inst.team in drained_teams
+def _fail_safe_notes(dec: Decision) -> list[str]:
+    if not dec.fail_safe:
+        return []
+    return [
+        f"policy could not be evaluated ({dec.error}): holding, nothing is launched (not even for pool "
+        "minimums), running work is kept, idle machines still drain"
+    ]
 
-    count: Counter[str] = Counter(i.pool for i in inp.instances if i.state in LIVE_STATES and i.id not in gone)
+
+def _bounds(inp: PlanInput) -> _Bounds:
     max_eff: dict[str, int] = {}
     min_eff: dict[str, int] = {}
     for p in inp.pools:
-        pd = dec.pools.get(p.name)
+        pd = inp.decision.pools.get(p.name)
         # The policy may only tighten the config's bounds, never widen them.
         hi, lo = p.max_instances, p.min_instances
         if pd is not None and pd.max_instances is not None:
@@ -494,13 +542,22 @@ def plan(inp: PlanInput) -> Plan:
             lo = max(lo, pd.min_instances)
         max_eff[p.name] = max(hi, 0)
         min_eff[p.name] = min(lo, max_eff[p.name])
+    return _Bounds(max_eff, min_eff)
 
-    # 2. fit onto existing and booting capacity --------------------------------------
-    type_ok = _TypeMatch()
+
+def _live_counts(inp: PlanInput, gone: set[str]) -> Counter[str]:
+    """Instances per pool that count against its max, once the clean-up is done."""
+    return Counter(i.pool for i in inp.instances if i.state in LIVE_STATES and i.id not in gone)
+
+
+def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
+    """Slots on the workers that may lease (not draining, not a drained team's), then
+    on booting instances, which come after the workers of their pool."""
+    inp, pools = sc.inp, sc.pools
     slots: dict[str, _FreeIndex[_Slot]] = defaultdict(_FreeIndex)
-    idle_slots: list[tuple[_Slot, InstanceView | None, float]] = []
+    idle: list[tuple[_Slot, InstanceView | None, float]] = []
     for w in inp.workers:
-        if w.state not in ("idle", "busy") or team_drained_worker(w.instance_id) or w.pool not in pools:
+        if w.state not in WORKER_LEASABLE or sc.team_drained_worker(w.instance_id) or w.pool not in pools:
             continue
         free = w.gpu_count - w.used_gpus if w.gpu_count > 0 else 1 - w.running_tasks
         slot = _Slot(
@@ -512,65 +569,70 @@ def plan(inp: PlanInput) -> Plan:
             cpus_free=w.cpus_free,
             mem_free=w.memory_free_mb,
         )
-        w_inst = by_id.get(w.instance_id) if w.instance_id else None
+        w_inst = sc.by_id.get(w.instance_id) if w.instance_id else None
         slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
         pool = pools[w.pool]
         if (
-            w.state == "idle"
+            w.state == WorkerState.IDLE
             and w.running_tasks == 0
             and w.idle_since is not None
             and not pool.static
             and inp.now - w.idle_since >= timedelta(seconds=pool.idle_timeout_s)
         ):
-            idle_slots.append(
-                (
-                    slot,
-                    by_id.get(w.instance_id) if w.instance_id else None,
-                    (inp.now - w.idle_since).total_seconds(),
-                )
-            )
-    # Booting capacity comes after the workers of its pool, as if appended to a list.
+            idle.append((slot, w_inst, (inp.now - w.idle_since).total_seconds()))
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
             boot_pool = pools.get(inst.pool)
             machine = _machine(boot_pool, inst.gpus, inst, None) if boot_pool else Machine(inst.pool, inst.gpus)
             slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, machine)
+    return _Capacity(slots, idle)
 
-    tds = {t: dec.team(t) for t in teams_in_demand}
-    # Admission, the same rule the lease applies (autoscaler.admission): work goes
-    # onto a machine only where its team may be, within its GPU quota, and where it
-    # adds spend (another team's or the shared line's machine) within its headroom.
-    adms: dict[str, TeamAdmission] = {t: from_decision(t, td, fail_safe=dec.fail_safe) for t, td in tds.items()}
-    headroom: dict[str, float] = {
-        t: INF if a.headroom_usd_per_hour is None else a.headroom_usd_per_hour for t, a in adms.items()
-    }
-    quotas: dict[str, Quota] = {t: a.quota for t, a in adms.items() if a.quota is not None}
-    # Teams without demand still lend their unused quota (or hold borrowed GPUs).
-    for name in {*dec.teams} - set(adms):
-        other = dec.teams[name]
-        if other.nominal_gpus is not None:
-            quotas[name] = Quota(other.nominal_gpus, other.borrowing_limit_gpus, other.lending_limit_gpus)
-    allocated: Counter[str] = Counter()
 
-    def quota_left(team: str) -> int | None:
+class _TeamBook:
+    """Each team's admission for this plan and what the plan has given it so far: GPUs
+    allocated (quota, fair share) and spend headroom left. Admission is the same rule
+    the lease applies (autoscaler.admission): work goes onto a machine only where its
+    team may be, within its GPU quota, and where it adds spend (another team's or the
+    shared line's machine) within its headroom. Steps 2 and 3 share one book, in turn."""
+
+    def __init__(self, sc: _Scope) -> None:
+        dec = sc.inp.decision
+        self.running = sc.inp.running_gpus
+        self.adms: dict[str, TeamAdmission] = {
+            t: from_decision(t, td, fail_safe=dec.fail_safe) for t, td in sc.tds.items()
+        }
+        self.headroom: dict[str, float] = {
+            t: INF if a.headroom_usd_per_hour is None else a.headroom_usd_per_hour for t, a in self.adms.items()
+        }
+        self.quotas: dict[str, Quota] = {t: a.quota for t, a in self.adms.items() if a.quota is not None}
+        # Teams without demand still lend their unused quota (or hold borrowed GPUs).
+        for name in {*dec.teams} - set(self.adms):
+            other = dec.teams[name]
+            if other.nominal_gpus is not None:
+                self.quotas[name] = Quota(other.nominal_gpus, other.borrowing_limit_gpus, other.lending_limit_gpus)
+        self.allocated: Counter[str] = Counter()
+        self.weight = {t: td.priority_weight if td.priority_weight > 0 else 1e-9 for t, td in sc.tds.items()}
+
+    def quota_left(self, team: str) -> int | None:
         """GPUs the team may still be given in this plan (None: no quota)."""
-        if team not in quotas:
+        if team not in self.quotas:
             return None
-        held = {t: inp.running_gpus.get(t, 0) + allocated[t] for t in quotas}
-        return quota_room(team, quotas, held)
+        held = {t: self.running.get(t, 0) + self.allocated[t] for t in self.quotas}
+        return quota_room(team, self.quotas, held)
 
-    def quota_reason(u: _Unit, left: int) -> str:
-        q = quotas[u.team]
+    def quota_reason(self, u: _Unit, left: int) -> str:
+        q = self.quotas[u.team]
         return (
-            f"quota: team {u.team} holds or is planned {inp.running_gpus.get(u.team, 0) + allocated[u.team]} "
+            f"quota: team {u.team} holds or is planned {self.running.get(u.team, 0) + self.allocated[u.team]} "
             f"GPU(s) of nominal {q.nominal_gpus}"
             + (f" + borrowing limit {q.borrowing_limit_gpus}" if q.borrowing_limit_gpus is not None else "")
             + f"; {left} more may start now, a task needs {u.gpus}"
         )
 
-    def admitter(u: _Unit) -> Callable[[Machine], bool]:
-        adm = adms[u.team]
+    def admitter(self, u: _Unit) -> Callable[[Machine], bool]:
+        adm = self.adms[u.team]
+        headroom = self.headroom
 
         def admit(machine: Machine) -> bool:
             if placement_refusal(adm, machine) is not None:
@@ -582,18 +644,29 @@ def plan(inp: PlanInput) -> Plan:
 
         return admit
 
-    def charge(u: _Unit, machine: Machine | None) -> None:
+    def charge(self, u: _Unit, machine: Machine | None) -> None:
         if machine is not None:
-            headroom[u.team] -= added_spend(adms[u.team], machine, u.gpus)
+            self.headroom[u.team] -= added_spend(self.adms[u.team], machine, u.gpus)
 
-    def tier(team: str) -> int:
-        return tds[team].priority_tier
+    def share(self, team: str) -> float:
+        # Weighted dominant share on GPUs: running GPUs plus GPUs given by this plan,
+        # per unit of weight.
+        return (self.running.get(team, 0) + self.allocated[team]) / self.weight[team]
 
+
+def _ordered_runs(sc: _Scope) -> list[tuple[_Unit, int]]:
     # Tasks are placed one by one in this order, but the tasks of a group are equal and
     # stay adjacent under a stable sort, so the order is kept as runs of one shape.
-    runs = _runs(inp.demand, queues, inp)
-    runs.sort(key=lambda r: (-tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
-    ranked = {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues}
+    runs = _runs(sc.inp.demand, sc.queues, sc.inp)
+    runs.sort(key=lambda r: (-sc.tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+    return runs
+
+
+def _fit_existing(
+    sc: _Scope, runs: list[tuple[_Unit, int]], cap: _Capacity, book: _TeamBook, type_ok: _TypeMatch
+) -> tuple[list[tuple[_Unit, int]], int]:
+    """Step 2: each task onto the first pool (rank order) with a slot that fits and
+    admits it. Returns what is left, as runs, and how many tasks were placed."""
     remaining: list[tuple[_Unit, int]] = []
     placed_existing = 0
     # Free capacity only shrinks during this step, so once a task of some shape finds no
@@ -604,65 +677,157 @@ def plan(inp: PlanInput) -> Plan:
         placed = 0
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape not in no_fit:
-            candidates = [slots[p.name] for p in ranked.get(u.queue, ()) if p.name in slots]
-            admit = admitter(u)
+            candidates = [cap.slots[p.name] for p in sc.ranked.get(u.queue, ()) if p.name in cap.slots]
+            admit = book.admitter(u)
             while placed < n:
-                left = quota_left(u.team)
+                left = book.quota_left(u.team)
                 if left is not None and u.gpus > left:
                     break  # step 3 holds the rest with the quota reason
-                # First pool in rank order with a slot that fits, first fitting slot there.
                 for index in candidates:
                     pos = index.first_fit(u, type_ok, admit)
                     if pos is not None:
                         index.take(pos, u).used = True
-                        charge(u, index.machine_at(pos))
-                        allocated[u.team] += u.gpus
+                        book.charge(u, index.machine_at(pos))
+                        book.allocated[u.team] += u.gpus
                         placed += 1
                         break
                 else:
                     no_fit.add(shape)
                     break
-        if placed:
-            placed_existing += placed
+        placed_existing += placed
         if placed < n:
             remaining.append((u, n - placed))
+    return remaining, placed_existing
 
-    # 3. launch for the rest -----------------------------------------------------------
-    launches_bins: list[_Bin] = []
-    # Each team's new instances per pool, indexed by free size for first fit.
-    bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
-    chooser = _OfferingChooser(type_ok)
-    held: Counter[tuple[str, str, str]] = Counter()
-    held_gpus: Counter[tuple[str, str, str]] = Counter()
-    want: Counter[tuple[str, str]] = Counter()
-    for u, n in remaining:
-        want[u.team_queue] += u.gpus * n
-    # A shape that could not get a new machine will not get one later in this plan:
-    # counts only grow and headroom only shrinks, so the refusal is remembered.
-    refused: dict[tuple[str, str, int, str | None, float, int], str] = {}
 
-    def hold(u: _Unit, reason: str, n: int = 1) -> None:
-        held[(u.team, u.queue, reason)] += n
-        held_gpus[(u.team, u.queue, reason)] += u.gpus * n
+_Shape = tuple[str, str, int, str | None, float, int]
 
-    def try_place(u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
+
+@dataclass(frozen=True, slots=True)
+class _Packed:
+    bins: list[_Bin]
+    held: Counter[tuple[str, str, str]]
+    held_gpus: Counter[tuple[str, str, str]]
+    count: Counter[str]
+
+
+class _Packer:
+    """Step 3: packs what step 2 left into new machines, a team at a time.
+
+    Teams go by priority tier, then by weighted dominant share, so when a pool max or a
+    budget makes capacity short the shortage lands where the policy says it should.
+    Each team's tasks are packed first-fit-decreasing into its own planned bins, and a
+    new bin is bought from the first pool (rank order) that may take it, in the shape
+    the `_OfferingChooser` picks. Everything it changes is its own; `pack` hands it back."""
+
+    def __init__(self, sc: _Scope, bounds: _Bounds, count: Counter[str], book: _TeamBook, type_ok: _TypeMatch) -> None:
+        self.sc, self.bounds, self.book, self.type_ok = sc, bounds, book, type_ok
+        self.count = Counter(count)
+        self.bins: list[_Bin] = []
+        # Each team's new instances per pool, indexed by free size for first fit.
+        self.bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
+        self.chooser = _OfferingChooser(type_ok)
+        self.held: Counter[tuple[str, str, str]] = Counter()
+        self.held_gpus: Counter[tuple[str, str, str]] = Counter()
+        self.want: Counter[tuple[str, str]] = Counter()
+        # A shape that could not get a new machine will not get one later in this plan:
+        # counts only grow and headroom only shrinks, so the refusal is remembered.
+        self.refused: dict[_Shape, str] = {}
+
+    def pack(self, remaining: list[tuple[_Unit, int]]) -> _Packed:
+        for u, n in remaining:
+            self.want[u.team_queue] += u.gpus * n
+        by_tier: dict[int, dict[str, list[tuple[_Unit, int]]]] = defaultdict(lambda: defaultdict(list))
+        for u, n in remaining:
+            by_tier[self.sc.tier(u.team)][u.team].append((u, n))
+        for t in sorted(by_tier, reverse=True):
+            self._pack_tier(by_tier[t])
+        return _Packed(self.bins, self.held, self.held_gpus, self.count)
+
+    def _hold(self, u: _Unit, reason: str, n: int = 1) -> None:
+        self.held[(u.team, u.queue, reason)] += n
+        self.held_gpus[(u.team, u.queue, reason)] += u.gpus * n
+
+    def _pack_tier(self, teams: dict[str, list[tuple[_Unit, int]]]) -> None:
+        sc, book = self.sc, self.book
+        heap: list[tuple[float, int, str]] = []
+        pending: dict[str, deque[_Run]] = {}
+        for team, team_runs in teams.items():
+            td = sc.tds[team]
+            if team in sc.drained_teams or not td.may_scale_up:
+                why = "; ".join(td.reasons) or ("policy: scale-up frozen" if not td.may_scale_up else "")
+                why = f"team {team} may not scale up" + (f": {why}" if why else "")
+                if team in sc.drained_teams:
+                    why = f"team {team} is over its hard budget: its capacity is being drained"
+                for u, n in team_runs:
+                    self._hold(u, why, n)
+                continue
+            # Within a team: larger tasks first (first-fit decreasing) after priorities.
+            team_runs.sort(key=lambda r: (-r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+            pending[team] = deque(_Run(u, n) for u, n in team_runs)
+            heapq.heappush(heap, (book.share(team), 0, team))
+        served: Counter[str] = Counter()
+        while heap:
+            _, _, team = heapq.heappop(heap)
+            td = sc.tds[team]
+            queue_of_team = pending[team]
+            at: tuple[_FreeIndex[_Bin], int] | None = None
+            prev: _Run | None = None
+            while True:
+                run = queue_of_team[0]
+                u = run.unit
+                run.left -= 1
+                if run.left == 0:
+                    queue_of_team.popleft()
+                left = book.quota_left(team)
+                if left is not None and u.gpus > left:
+                    self._hold(u, book.quota_reason(u, left))
+                    at = None
+                elif at is not None and run is prev and at[0].can_take(at[1], u):
+                    # The task before this one was the same shape, for the same team,
+                    # and went into a bin that still has room: that bin is this task's
+                    # first fit too. Bins ahead of it did not fit that shape and have
+                    # not changed since (only this team fills its bins), so the search
+                    # in _place would end there: skip it.
+                    at[0].take(at[1], u).answers.append(u.answer)
+                else:
+                    at = self._place(u, td)
+                if at is not None:
+                    book.allocated[team] += u.gpus
+                    self.want[u.team_queue] -= u.gpus
+                served[team] += 1
+                prev = run
+                if not queue_of_team:
+                    break
+                # The team holding the least per unit of weight goes next; the count
+                # breaks ties so CPU work interleaves. Keys are unique (the team name
+                # ends them), so "push, then pop the smallest" gives this team back
+                # exactly when its key is below the heap's head: skip the round trip.
+                key = (book.share(team), served[team], team)
+                if heap and heap[0] < key:
+                    heapq.heappush(heap, key)
+                    break
+
+    def _place(self, u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
         """Place one task in a bin of its team (new or not): where, or None if held."""
+        sc, inp = self.sc, self.sc.inp
         # A bin already planned for this team is free: first fit over them, pools in
         # the queue's rank order, before buying another machine.
-        team_bins = bins_by[u.team]
-        for pool in ranked.get(u.queue, ()):
+        team_bins = self.bins_by[u.team]
+        for pool in sc.ranked.get(u.queue, ()):
             index = team_bins.get(pool.name)
             if index is not None:
-                pos = index.first_fit(u, type_ok)
+                pos = index.first_fit(u, self.type_ok)
                 if pos is not None:
                     index.take(pos, u).answers.append(u.answer)
                     return index, pos
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
-        if shape in refused:
-            hold(u, refused[shape])
+        if shape in self.refused:
+            self._hold(u, self.refused[shape])
             return None
         reasons: list[str] = []
-        for pool in ranked.get(u.queue, ()):
+        max_eff = self.bounds.max_eff
+        for pool in sc.ranked.get(u.queue, ()):
             if pool.static:
                 reasons.append(f"static pool {pool.name} is full")
                 continue
@@ -672,10 +837,10 @@ def plan(inp: PlanInput) -> Plan:
             if pool.backoff_until is not None and pool.backoff_until > inp.now:
                 reasons.append(f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}")
                 continue
-            if count[pool.name] >= max_eff[pool.name]:
+            if self.count[pool.name] >= max_eff[pool.name]:
                 reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
                 continue
-            offering, why = chooser.choose(pool, u, td, want[u.team_queue], headroom[u.team])
+            offering, why = self.chooser.choose(pool, u, td, self.want[u.team_queue], self.book.headroom[u.team])
             if offering is None:
                 reasons.append(why)
                 continue
@@ -692,115 +857,52 @@ def plan(inp: PlanInput) -> Plan:
             if index is None:
                 index = team_bins[pool.name] = _FreeIndex()
             pos = index.add(b, offering.gpus > 0, offering.gpu_type)
-            launches_bins.append(b)
-            count[pool.name] += 1
-            headroom[u.team] -= offering.hourly_price
+            self.bins.append(b)
+            self.count[pool.name] += 1
+            self.book.headroom[u.team] -= offering.hourly_price
             return index, pos
-        refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
-        hold(u, refused[shape])
+        self.refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
+        self._hold(u, self.refused[shape])
         return None
 
-    weight = {t: td.priority_weight if td.priority_weight > 0 else 1e-9 for t, td in tds.items()}
 
-    def share(team: str) -> float:
-        # Weighted dominant share on GPUs: running GPUs plus GPUs given by this plan,
-        # per unit of weight.
-        return (inp.running_gpus.get(team, 0) + allocated[team]) / weight[team]
-
-    by_tier: dict[int, dict[str, list[tuple[_Unit, int]]]] = defaultdict(lambda: defaultdict(list))
-    for u, n in remaining:
-        by_tier[tier(u.team)][u.team].append((u, n))
-    for t in sorted(by_tier, reverse=True):
-        heap: list[tuple[float, int, str]] = []
-        pending: dict[str, deque[_Run]] = {}
-        for team, team_runs in by_tier[t].items():
-            td = tds[team]
-            if team in drained_teams or not td.may_scale_up:
-                why = "; ".join(td.reasons) or ("policy: scale-up frozen" if not td.may_scale_up else "")
-                why = f"team {team} may not scale up" + (f": {why}" if why else "")
-                if team in drained_teams:
-                    why = f"team {team} is over its hard budget: its capacity is being drained"
-                for u, n in team_runs:
-                    hold(u, why, n)
-                continue
-            # Within a team: larger tasks first (first-fit decreasing) after priorities.
-            team_runs.sort(key=lambda r: (-r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
-            pending[team] = deque(_Run(u, n) for u, n in team_runs)
-            heapq.heappush(heap, (share(team), 0, team))
-        served: Counter[str] = Counter()
-        while heap:
-            _, _, team = heapq.heappop(heap)
-            td = tds[team]
-            queue_of_team = pending[team]
-            at: tuple[_FreeIndex[_Bin], int] | None = None
-            prev: _Run | None = None
-            while True:
-                run = queue_of_team[0]
-                u = run.unit
-                run.left -= 1
-                if run.left == 0:
-                    queue_of_team.popleft()
-                left = quota_left(team)
-                if left is not None and u.gpus > left:
-                    hold(u, quota_reason(u, left))
-                    at = None
-                elif at is not None and run is prev and at[0].can_take(at[1], u):
-                    # The task before this one was the same shape, for the same team,
-                    # and went into a bin that still has room: that bin is this task's
-                    # first fit too. Bins ahead of it did not fit that shape and have
-                    # not changed since (only this team fills its bins), so the search
-                    # in try_place would end there: skip it.
-                    at[0].take(at[1], u).answers.append(u.answer)
-                else:
-                    at = try_place(u, td)
-                if at is not None:
-                    allocated[team] += u.gpus
-                    want[u.team_queue] -= u.gpus
-                served[team] += 1
-                prev = run
-                if not queue_of_team:
-                    break
-                # The team holding the least per unit of weight goes next; the count
-                # breaks ties so CPU work interleaves. Keys are unique (the team name
-                # ends them), so "push, then pop the smallest" gives this team back
-                # exactly when its key is below the heap's head: skip the round trip.
-                key = (share(team), served[team], team)
-                if heap and heap[0] < key:
-                    heapq.heappush(heap, key)
-                    break
-
-    launches = [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in launches_bins]
-
+def _team_launches(dec: Decision, bins: list[_Bin]) -> list[Launch]:
     if dec.fail_safe:
         # Fail-safe means hold. Every team is frozen then, so nothing above launched;
         # this keeps it so whatever a failed decision carries.
-        launches = []
+        return []
+    return [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in bins]
 
-    # min_instances for cloud pools, charged to no team ---------------------------------
-    for p in sorted(inp.pools, key=lambda p: cost[p.name]):
+
+def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[list[Launch], list[str], Counter[str]]:
+    """min_instances for cloud pools, charged to no team, cheapest pools first."""
+    dec, min_eff = sc.inp.decision, bounds.min_eff
+    count = Counter(count)
+    launches: list[Launch] = []
+    notes: list[str] = []
+    for p in sorted(sc.inp.pools, key=lambda p: sc.cost[p.name]):
         while not dec.fail_safe and not p.static and count[p.name] < min_eff[p.name]:
             cheapest = _cheapest(p)
             if cheapest is None:
                 notes.append(f"pool {p.name} is below its min of {min_eff[p.name]}; no offering is free")
                 break
             launches.append(
-                Launch(
-                    p.name,
-                    cheapest,
-                    SHARED_TEAM,
-                    (),
-                    f"pool {p.name} keeps at least {min_eff[p.name]} instance(s)",
-                )
+                Launch(p.name, cheapest, SHARED_TEAM, (), f"pool {p.name} keeps at least {min_eff[p.name]} instance(s)")
             )
             count[p.name] += 1
+    return launches, notes, count
 
-    # 4. scale down ------------------------------------------------------------------------
+
+def _scale_down(sc: _Scope, bounds: _Bounds, cap: _Capacity, count: Counter[str]) -> list[Drain]:
+    """Step 4: the longest-idle workers step 2 did not use, down to the pool's min;
+    then every worker of a team over its hard budget."""
+    inp, min_eff = sc.inp, bounds.min_eff
+    count = Counter(count)
     drains: list[Drain] = []
-    idle_slots.sort(key=lambda x: -x[2])
-    for slot, idle_inst, idle_s in idle_slots:
+    for slot, idle_inst, idle_s in sorted(cap.idle, key=lambda x: -x[2]):
         if slot.used or slot.worker_id is None:
             continue
-        pool = pools[slot.pool]
+        pool = sc.pools[slot.pool]
         if count[pool.name] <= min_eff[pool.name]:
             continue
         count[pool.name] -= 1
@@ -814,10 +916,10 @@ def plan(inp: PlanInput) -> Plan:
                 deadline_s=inp.drain_deadline_s,
             )
         )
-    if drained_teams:
+    if sc.drained_teams:
         for w in inp.workers:
-            w_inst = by_id.get(w.instance_id) if w.instance_id else None
-            if w_inst is not None and w_inst.team in drained_teams and w.state in ("idle", "busy"):
+            w_inst = sc.by_id.get(w.instance_id) if w.instance_id else None
+            if w_inst is not None and w_inst.team in sc.drained_teams and w.state in WORKER_LEASABLE:
                 drains.append(
                     Drain(
                         w.id,
@@ -828,12 +930,38 @@ def plan(inp: PlanInput) -> Plan:
                         deadline_s=inp.drain_deadline_s,
                     )
                 )
+    return drains
 
-    holds = tuple(
-        Hold(team, queue, n, held_gpus[(team, queue, reason)], reason)
-        for (team, queue, reason), n in sorted(held.items())
+
+def _holds(packed: _Packed) -> tuple[Hold, ...]:
+    return tuple(
+        Hold(team, queue, n, packed.held_gpus[(team, queue, reason)], reason)
+        for (team, queue, reason), n in sorted(packed.held.items())
     )
-    return Plan(tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing, tuple(notes))
+
+
+def plan(inp: PlanInput) -> Plan:
+    """The steps of the module docstring, in order; each takes what the ones before
+    it produced and returns what the ones after it need."""
+    sc = _scope(inp)
+    bounds = _bounds(inp)
+    # 1. clean up
+    terminations = _cleanup(inp, set(sc.drained_teams))
+    gone = {t.instance_id for t in terminations}
+    count = _live_counts(inp, gone)
+    # 2. fit onto existing and booting capacity
+    type_ok = _TypeMatch()  # a cache of GPU-type matches, shared by steps 2 and 3
+    cap = _capacity(sc, gone)
+    book = _TeamBook(sc)
+    remaining, placed_existing = _fit_existing(sc, _ordered_runs(sc), cap, book, type_ok)
+    # 3. launch for the rest, then for pool minimums
+    packed = _Packer(sc, bounds, count, book, type_ok).pack(remaining)
+    minimums, min_notes, count = _pool_minimums(sc, bounds, packed.count)
+    launches = _team_launches(inp.decision, packed.bins) + minimums
+    # 4. scale down
+    drains = _scale_down(sc, bounds, cap, count)
+    notes = _fail_safe_notes(inp.decision) + min_notes
+    return Plan(tuple(launches), tuple(drains), tuple(terminations), _holds(packed), placed_existing, tuple(notes))
 
 
 def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str | None) -> Machine:

@@ -1,8 +1,8 @@
-"""Wires the policy service into `autoscaler up`: register `policy_component` in
-`autoscaler.server.COMPONENTS`.
+"""Wires the policy service into `autoscaler up` (`autoscaler.server.build_runtime`
+calls `policy_component` first).
 
-It puts the service in `ctx.extras["policy"]` (the reconciler evaluates through it),
-adds the router to `ctx.extras["routers"]`, watches the policy directory every
+It sets `ctx.policy` (the reconciler evaluates through it, the policy endpoints in
+`api/routes/policy.py` answer from it), watches the policy directory every
 `WATCH_INTERVAL_S` seconds, and closes the engine's child process on stop.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from autoscaler.policy.routes import EXTRAS_KEY, router
 from autoscaler.policy.service import PolicyService
 
 if TYPE_CHECKING:
@@ -23,8 +22,7 @@ WATCH_INTERVAL_S = 5.0
 
 def policy_component(runtime: Runtime) -> None:
     service = PolicyService(runtime.config.policy, clock=runtime.ctx.clock)
-    runtime.ctx.extras[EXTRAS_KEY] = service
-    runtime.ctx.extras.setdefault("routers", []).append(router)
+    runtime.ctx.policy = service
 
     def watch() -> None:
         try:

@@ -1,67 +1,37 @@
-"""The task state machine as a table, and the one function allowed to move a task.
+"""The one function allowed to move a task, and the one allowed to move a worker.
 
-Every change is appended to `task_events` with a reason, so a task's history always
-says why each attempt ended.
+Both check the change against the tables in `autoscaler.lifecycle`. Every task change
+is appended to `task_events` with a reason, so a task's history always says why each
+attempt ended; a worker's says it in its `drain_reason` and `gone_reason`.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
 from autoscaler.errors import Conflict
 from autoscaler.ledger.attempts import close_attempt, open_attempt
-from autoscaler.state.models import Task, TaskEvent
+from autoscaler.lifecycle import (
+    TASK_ACTIVE,
+    TASK_FINAL,
+    TASK_TRANSITIONS,
+    WORKER_TRANSITIONS,
+    IllegalTransition,
+    TaskState,
+    WorkerState,
+    check_transition,
+)
+from autoscaler.state.models import Task, TaskEvent, Worker
+
+__all__ = ["ACTIVE", "FINAL", "TRANSITIONS", "TaskState", "WorkerState", "move_worker", "transition"]
 
 
-class TaskState(StrEnum):
-    QUEUED = "queued"
-    LEASED = "leased"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    INTERRUPTED = "interrupted"
-    LOST = "lost"
-
-
-Q, L, R = TaskState.QUEUED, TaskState.LEASED, TaskState.RUNNING
-S, F, C, INT, X = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED, TaskState.INTERRUPTED, TaskState.LOST
-
-TRANSITIONS: dict[TaskState, dict[TaskState, str]] = {
-    Q: {
-        L: "a worker with enough free GPUs leased it",
-        C: "canceled before it ran",
-        F: "could not be scheduled (e.g. its queue was removed)",
-    },
-    L: {
-        R: "the agent started the process",
-        S: "finished before the start report arrived",
-        Q: "exited non-zero before the start report arrived, with failed attempts left: retried",
-        F: "failed to start, or exited non-zero and may not be retried",
-        C: "canceled while leased",
-        INT: "worker drained or preempted before start",
-        X: "worker stopped heartbeating or lease expired",
-    },
-    R: {
-        S: "exited 0",
-        Q: "exited non-zero or timed out, with failed attempts left: retried behind waiting work",
-        F: "exited non-zero or timed out, and may not be retried (max_attempts, retry_on_exit_codes)",
-        C: "canceled: the agent stopped it",
-        INT: "spot notice or drain deadline: SIGTERM to checkpoint, then requeue",
-        X: "worker stopped heartbeating",
-    },
-    INT: {Q: "requeued at the head of its queue", F: "interrupted more than 1000 times", C: "cancel was requested"},
-    X: {Q: "requeued at the head of its queue", F: "interrupted more than 1000 times", C: "cancel was requested"},
-    S: {},
-    F: {},
-    C: {},
-}
-
-ACTIVE = frozenset({L, R})
-FINAL = frozenset({S, F, C})
+# Re-exported under their old names: the callers' vocabulary ("ACTIVE", "FINAL").
+TRANSITIONS = TASK_TRANSITIONS
+ACTIVE = TASK_ACTIVE
+FINAL = TASK_FINAL
 
 
 def transition(
@@ -78,8 +48,10 @@ def transition(
     Also keeps the ledger's attempts: entering `leased` opens one (the task holds its
     GPUs from here), leaving `leased`/`running` closes it."""
     current = TaskState(task.state)
-    if to not in TRANSITIONS[current]:
-        raise Conflict(f"task {task.id} is {current.value}; it cannot become {to.value}")
+    try:
+        check_transition(TASK_TRANSITIONS, "task", task.id, current, to)
+    except IllegalTransition as e:
+        raise Conflict(str(e)) from None
     session.add(
         TaskEvent(
             task_id=task.id,
@@ -98,3 +70,16 @@ def transition(
     task.updated_at = now
     if to == TaskState.LEASED:
         open_attempt(session, task, now=now)
+
+
+def move_worker(worker: Worker, to: WorkerState) -> None:
+    """Move `worker` to `to`, or raise Conflict if the table forbids it. Staying put is
+    allowed (a second drain, a spot notice on a draining worker, only update reasons)."""
+    current = WorkerState(worker.state)
+    if current == to:
+        return
+    try:
+        check_transition(WORKER_TRANSITIONS, "worker", worker.id, current, to)
+    except IllegalTransition as e:
+        raise Conflict(str(e)) from None
+    worker.state = to.value

@@ -28,7 +28,8 @@ from autoscaler.admission.quota import room as quota_room
 from autoscaler.admission.shapes import Catalog
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
-from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, transition
+from autoscaler.lifecycle import WORKER_LEASABLE, WorkerState
+from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_worker, transition
 from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker, new_id
 
 LEASE_TTL = timedelta(seconds=90)
@@ -242,7 +243,7 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     if worker is None:
         raise NotFound(f"worker {worker_id} is not registered")
     worker.last_heartbeat = now
-    if worker.state not in ("idle", "busy"):
+    if worker.state not in WORKER_LEASABLE:
         return None
     queues = {q.name: q.priority for q in session.scalars(select(QueueRow)) if worker.pool in (q.pools or [])}
     if not queues:
@@ -273,7 +274,7 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     task.exit_code = None
     task.end_reason = None
     transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"worker {worker.hostname}")
-    worker.state = "busy"
+    move_worker(worker, WorkerState.BUSY)
     worker.idle_since = None
     if adm is not None and adm.quota is not None and table is not None:
         held = {t: g for t, (g, _n) in usage.items()}
@@ -567,11 +568,11 @@ def finish(
 
 def _release_worker(session: Session, worker_id: str, now: datetime) -> None:
     worker = session.get(Worker, worker_id)
-    if worker is None or worker.state != "busy":
+    if worker is None or worker.state != WorkerState.BUSY:
         return
     _used, active = _busy_indices(session, worker_id)
     if not [t for t in active if t.worker_id == worker_id and t.state in {s.value for s in ACTIVE}]:
-        worker.state = "idle"
+        move_worker(worker, WorkerState.IDLE)
         worker.idle_since = now
 
 

@@ -27,19 +27,20 @@ from sqlalchemy.orm import Session
 from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
-from autoscaler.queueing.states import ACTIVE, TaskState
+from autoscaler.lifecycle import INSTANCE_ENDED, INSTANCE_RUNNING, WORKER_LEASABLE, WORKER_LIVE, WorkerState
+from autoscaler.queueing.states import ACTIVE, TaskState, move_worker
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.models import ApiToken, Instance, InstanceEvent, Task, Worker
 
-LIVE_STATES = ("idle", "busy", "draining")
+LIVE_STATES = WORKER_LIVE  # kept under its old name for the simulator
 SPOT = "spot"  # drain_reason of a worker whose machine got a spot notice
 REBALANCE = "rebalance"  # drain_reason of a worker drained for a rebalance recommendation
 NOTICE_PREFIX = "spot notice"
 # A rebalance drain without a configured deadline: "never", in practice. Running tasks
 # finish (or the interruption notice that may follow brings the deadline forward).
 REBALANCE_NO_DEADLINE_S = 7 * 24 * 3600.0
-_OPEN = (InstanceState.BOOTING.value, InstanceState.READY.value, InstanceState.DRAINING.value)
+_OPEN = INSTANCE_RUNNING
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Registration:
 
 
 # Instances whose machine cannot be the one registering now.
-_ENDED_INSTANCE_STATES = ("terminating", "terminated", "launch_failed", "boot_timeout", "lost", "preempted")
+_ENDED_INSTANCE_STATES = INSTANCE_ENDED
 
 
 def _refuse(reg: Registration, token: ApiToken, kind: str, message: str, detail: str) -> Forbidden:
@@ -388,7 +389,7 @@ def heartbeat(
     preempt_deadline: datetime | None = None,
 ) -> HeartbeatReply:
     worker = get_worker(session, worker_id, lock=True)
-    if worker.state == "gone":
+    if worker.state == WorkerState.GONE:
         # The server gave up on this worker (missed heartbeats): its tasks were
         # requeued elsewhere, so the agent must stop them and shut down.
         return HeartbeatReply(False, None, list(running or []), True, [])
@@ -401,8 +402,8 @@ def heartbeat(
         spot_notice(
             session, worker, now=now, deadline=preempt_deadline, reason=f"{NOTICE_PREFIX} from the agent: {words}"
         )
-    elif draining and worker.state in ("idle", "busy"):
-        worker.state = "draining"
+    elif draining and worker.state in WORKER_LEASABLE:
+        move_worker(worker, WorkerState.DRAINING)
         worker.drain_reason = "agent"
     if gpu_metrics is not None:
         worker.gpu_metrics = gpu_metrics[:64]
@@ -417,7 +418,7 @@ def heartbeat(
     # must be stopped: they would otherwise run twice.
     cancel = [t.id for t in tasks if t.cancel_requested] + [tid for tid in (running or []) if tid not in known]
     return HeartbeatReply(
-        drain=worker.state == "draining",
+        drain=worker.state == WorkerState.DRAINING,
         drain_deadline=worker.drain_deadline,
         cancel=cancel,
         shutdown=False,
@@ -436,9 +437,9 @@ def drain(
     only_if_idle: bool = False,
 ) -> Worker:
     worker = get_worker(session, worker_id, lock=True)
-    if worker.state == "gone":
+    if worker.state == WorkerState.GONE:
         raise Conflict(f"worker {worker_id} is gone; nothing to drain")
-    if worker.state == "draining":
+    if worker.state == WorkerState.DRAINING:
         return worker
     if only_if_idle:
         busy = session.scalar(
@@ -446,7 +447,7 @@ def drain(
         )
         if busy is not None:
             raise Conflict(f"worker {worker_id} leased task {busy} meanwhile; not draining an idle-only drain")
-    worker.state = "draining"
+    move_worker(worker, WorkerState.DRAINING)
     worker.drain_deadline = now + timedelta(seconds=deadline_s)
     worker.drain_reason = reason
     return worker
@@ -469,7 +470,7 @@ def spot_notice(session: Session, worker: Worker, *, now: datetime, deadline: da
     """The machine under `worker` is being reclaimed: no new leases, the drain's deadline
     is the notice's (never later than one it already has), and the instance's history
     says why. The instance becomes `preempted` when the worker goes (see `_go`)."""
-    worker.state = "draining"
+    move_worker(worker, WorkerState.DRAINING)
     worker.drain_reason = SPOT
     if deadline is not None and deadline.tzinfo is None:
         deadline = deadline.replace(tzinfo=UTC)  # a notice's time is UTC
@@ -498,7 +499,7 @@ def interruption_notice(
     if inst.worker_id is None or inst.state not in (InstanceState.READY, InstanceState.DRAINING):
         return False
     worker = session.get(Worker, inst.worker_id, with_for_update=True)
-    if worker is None or worker.state == "gone":
+    if worker is None or worker.state == WorkerState.GONE:
         return False
     source = f"{inst.provider} {detail}".strip() if detail else inst.provider
     if kind != REBALANCE:
@@ -509,7 +510,7 @@ def interruption_notice(
             session, worker, now=now, deadline=deadline, reason=f"{NOTICE_PREFIX} from the provider: {source}{at}"
         )
         return True
-    if worker.state == "draining":
+    if worker.state == WorkerState.DRAINING:
         return False  # already leaving; a rebalance changes nothing
     after = REBALANCE_NO_DEADLINE_S if rebalance_deadline_s is None else rebalance_deadline_s
     drain(session, worker.id, now=now, deadline_s=after, reason=REBALANCE)
@@ -541,7 +542,7 @@ def _reclaimed(session: Session, worker: Worker, *, now: datetime) -> None:
 
 def _go(session: Session, worker: Worker, *, now: datetime, reason: str, lost: bool = False) -> list[Task]:
     tasks = interrupt_worker_tasks(session, worker.id, now=now, reason=reason, lost=lost)
-    worker.state = "gone"
+    move_worker(worker, WorkerState.GONE)
     worker.gone_at = now
     worker.gone_reason = reason
     if worker.drain_reason == SPOT and reason != "re-registered":
@@ -551,7 +552,7 @@ def _go(session: Session, worker: Worker, *, now: datetime, reason: str, lost: b
 
 def deregister(session: Session, worker_id: str, *, now: datetime, reason: str = "deregistered") -> Worker:
     worker = get_worker(session, worker_id, lock=True)
-    if worker.state != "gone":
+    if worker.state != WorkerState.GONE:
         _go(session, worker, now=now, reason=reason)
     # A lost worker keeps its token so that, if it comes back, its heartbeat can be
     # told to shut down; a deregistered one has nothing left to say.

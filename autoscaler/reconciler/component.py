@@ -1,7 +1,8 @@
 """Wires the reconciler into `autoscaler up`: providers for every pool, the reconcile loop
 on APScheduler, the debounced waker behind `ctx.wake`, and leader election.
 
-Runs after the policy component (it evaluates through `ctx.extras["policy"]`).
+Runs after the policy component (it evaluates through `ctx.policy`) and sets
+`ctx.wake` and `ctx.reconciler`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from autoscaler.server import Runtime
 
 log = logging.getLogger(__name__)
-EXTRAS_KEY = "reconciler"
 # Providers whose instances boot from our cloud-init bootstrap (a fake instance runs nothing).
 BOOTSTRAPPED = ("aws", "gcp", "azure", "local", "slurm")
 
@@ -83,7 +83,7 @@ def reconciler_component(runtime: Runtime) -> None:
     if not config.reconcile.enabled:
         log.info("reconcile.enabled is false: no reconciler in this process")
         return
-    policy = ctx.extras.get("policy")
+    policy = ctx.policy
     if policy is None:
         raise ConfigError("the reconciler needs the policy service: start it with `autoscaler up`")
     providers = build_providers(config, runtime)
@@ -116,7 +116,7 @@ def reconciler_component(runtime: Runtime) -> None:
     loop.scheduler = runtime.scheduler
     executor.on_result = lambda: loop.wake("a provider call finished")
     ctx.wake = loop.wake
-    ctx.extras[EXTRAS_KEY] = loop
+    ctx.reconciler = loop
     runtime.on_stop.append(lock.release)
     runtime.on_stop.append(executor.close)
     local = [p for p in providers.values() if isinstance(p, LocalProvider)]

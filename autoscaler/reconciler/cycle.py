@@ -50,6 +50,7 @@ from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
 from autoscaler.ledger.spend import shared_pools
+from autoscaler.lifecycle import INSTANCE_FINAL, WORKER_LEASABLE, WORKER_LIVE
 from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
@@ -309,12 +310,12 @@ class Reconciler:
         """Passive transitions: read the open rows and live workers, decide
         (`sync.passive_sync`, pure), apply. Returns what to terminate (orphans, and
         instances we are still waiting to see gone)."""
-        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(("terminated", "launch_failed")))))
+        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(INSTANCE_FINAL))))
         workers = {
             (str(pool), str(iid)): str(wid)
             for pool, iid, wid in s.execute(
                 select(Worker.pool, Worker.instance_id, Worker.id).where(
-                    Worker.state.in_(("idle", "busy", "draining")), Worker.instance_id.is_not(None)
+                    Worker.state.in_(WORKER_LIVE), Worker.instance_id.is_not(None)
                 )
             )
         }
@@ -489,7 +490,7 @@ class Reconciler:
     def _terminate(self, inst_id: str, reason: str, mark: str | None, now: datetime, result: CycleResult) -> None:
         with transaction(self.sessions) as s:
             inst = s.get(Instance, inst_id)
-            if inst is None or inst.state in ("terminated", "launch_failed", "terminating"):
+            if inst is None or inst.state in INSTANCE_FINAL or inst.state == S.TERMINATING:
                 return
             if mark and inst.state != mark:
                 transition(s, inst, S(mark), reason=reason, now=now)
@@ -706,7 +707,7 @@ class Reconciler:
             select(Worker).where(
                 Worker.instance_id == pi.instance_id,
                 Worker.pool == inst.pool,
-                Worker.state.in_(("idle", "busy", "draining")),
+                Worker.state.in_(WORKER_LIVE),
             )
         )
         if worker is not None:
@@ -788,7 +789,7 @@ def _with_static_capacity(pin: PolicyInput, snap: Snapshot) -> PolicyInput:
     live: Counter[str] = Counter()
     idle: Counter[str] = Counter()
     for w in snap.workers:
-        if w.pool in static and w.state in ("idle", "busy"):
+        if w.pool in static and w.state in WORKER_LEASABLE:
             live[w.pool] += 1
             if w.state == "idle" and w.running_tasks == 0:
                 idle[w.pool] += 1

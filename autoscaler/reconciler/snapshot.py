@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
+from autoscaler.lifecycle import INSTANCE_LIVE, INSTANCE_OPEN, INSTANCE_RUNNING, TASK_ACTIVE, WORKER_LIVE
 from autoscaler.planner.model import (
     DemandGroup,
     InstanceView,
@@ -31,20 +32,10 @@ from autoscaler.planner.model import (
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
 from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
 
-ACTIVE_TASK_STATES = ("leased", "running")
-LIVE_WORKER_STATES = ("idle", "busy", "draining")
+ACTIVE_TASK_STATES = TASK_ACTIVE
+LIVE_WORKER_STATES = WORKER_LIVE
 # Instances the cycle still has business with (everything but the final states).
-OPEN_INSTANCE_STATES = (
-    "requested",
-    "launching",
-    "booting",
-    "ready",
-    "draining",
-    "terminating",
-    "boot_timeout",
-    "lost",
-    "preempted",
-)
+OPEN_INSTANCE_STATES = INSTANCE_OPEN
 
 
 @dataclass(frozen=True)
@@ -326,9 +317,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
                 pending_gpus_by_shape=dict(shapes),
             )
         )
-    live = Counter(
-        i.pool for i in snap.instances if i.state in ("requested", "launching", "booting", "ready", "draining")
-    )
+    live = Counter(i.pool for i in snap.instances if i.state in INSTANCE_LIVE)
     pools = [
         PoolInput(
             name=p.name,
@@ -345,7 +334,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
     ]
     fleet = {
         "instances": sum(live.values()),
-        "gpus": sum(i.gpus for i in snap.instances if i.state in ("booting", "ready", "draining")),
+        "gpus": sum(i.gpus for i in snap.instances if i.state in INSTANCE_RUNNING),
         "workers": len(snap.workers),
         "idle_workers": sum(1 for w in snap.workers if w.state == "idle"),
     }

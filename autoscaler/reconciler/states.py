@@ -1,4 +1,5 @@
-"""The instance state machine as a table, and the one function allowed to move an instance.
+"""The one function allowed to move an instance, checked against the table in
+`autoscaler.lifecycle`.
 
 Every change appends an `InstanceEvent` with the reason, so the life of every machine
 we paid for can be read back ("why was i-0abc terminated at 03:12?").
@@ -7,79 +8,30 @@ we paid for can be read back ("why was i-0abc terminated at 03:12?").
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
 from autoscaler.errors import Conflict
+from autoscaler.lifecycle import (
+    INSTANCE_BILLED,
+    INSTANCE_FINAL,
+    INSTANCE_LIVE,
+    INSTANCE_TRANSITIONS,
+    IllegalTransition,
+    InstanceState,
+    check_transition,
+)
 from autoscaler.state.models import Instance, InstanceEvent
 
-
-class InstanceState(StrEnum):
-    REQUESTED = "requested"
-    LAUNCHING = "launching"
-    BOOTING = "booting"
-    READY = "ready"
-    DRAINING = "draining"
-    TERMINATING = "terminating"
-    TERMINATED = "terminated"
-    LAUNCH_FAILED = "launch_failed"
-    BOOT_TIMEOUT = "boot_timeout"
-    LOST = "lost"
-    PREEMPTED = "preempted"
+__all__ = ["BILLED", "FINAL", "LIVE", "TRANSITIONS", "InstanceState", "transition"]
 
 
 S = InstanceState
-TRANSITIONS: dict[InstanceState, dict[InstanceState, str]] = {
-    S.REQUESTED: {
-        S.LAUNCHING: "intent committed; the provider is being called with the request id",
-        S.BOOTING: "a crash left the intent behind, and the provider's listing shows the instance: adopted",
-        S.LAUNCH_FAILED: "the provider refused (capacity, quota, bad request)",
-        S.TERMINATED: "the intent was abandoned before any instance existed",
-        S.TERMINATING: "given up (boot timeout, budget) before the launch went through",
-        S.BOOT_TIMEOUT: "never launched nor adopted within the boot timeout",
-    },
-    S.LAUNCHING: {
-        S.BOOTING: "the provider returned an instance id",
-        S.LAUNCH_FAILED: "the provider refused",
-        S.BOOT_TIMEOUT: "the call never came back with an instance within the boot timeout",
-        S.TERMINATING: "given up before the instance was recorded",
-    },
-    S.BOOTING: {
-        S.READY: "the agent registered",
-        S.BOOT_TIMEOUT: "no agent registered within the pool's boot timeout",
-        S.LOST: "the provider no longer lists it",
-        S.PREEMPTED: "spot capacity reclaimed before the agent registered",
-        S.TERMINATING: "not needed any more (team over budget)",
-    },
-    S.READY: {
-        S.DRAINING: "idle past the timeout, team over budget, or a spot notice",
-        S.LOST: "the worker stopped heartbeating or the provider no longer lists it",
-        S.PREEMPTED: "spot capacity reclaimed",
-        S.TERMINATING: "terminated without a drain (worker already gone)",
-    },
-    S.DRAINING: {
-        S.TERMINATING: "the worker finished its tasks and left",
-        S.LOST: "vanished while draining",
-        S.PREEMPTED: "reclaimed while draining",
-        S.READY: "the drain was refused: the worker leased a task meanwhile",
-    },
-    S.TERMINATING: {
-        S.TERMINATED: "the provider confirmed, or no longer lists it",
-    },
-    S.LAUNCH_FAILED: {
-        S.TERMINATED: "nothing to clean up (terminal)",
-    },
-    S.BOOT_TIMEOUT: {S.TERMINATING: "terminated after the boot timeout"},
-    S.LOST: {S.TERMINATING: "terminated to be sure it is gone (idempotent)"},
-    S.PREEMPTED: {S.TERMINATING: "terminated to acknowledge the reclaim"},
-    S.TERMINATED: {},
-}
-
-LIVE = frozenset({S.REQUESTED, S.LAUNCHING, S.BOOTING, S.READY, S.DRAINING})
-# States in which the provider may bill us (spend accrues).
-BILLED = frozenset({S.LAUNCHING, S.BOOTING, S.READY, S.DRAINING, S.TERMINATING, S.BOOT_TIMEOUT, S.LOST})
-FINAL = frozenset({S.TERMINATED, S.LAUNCH_FAILED})
+# Re-exported under their old names: the callers' vocabulary ("LIVE", "BILLED", "FINAL").
+TRANSITIONS = INSTANCE_TRANSITIONS
+LIVE = INSTANCE_LIVE
+BILLED = INSTANCE_BILLED
+FINAL = INSTANCE_FINAL
 
 
 def transition(session: Session, inst: Instance, to: InstanceState, *, reason: str, now: datetime) -> None:
@@ -87,8 +39,10 @@ def transition(session: Session, inst: Instance, to: InstanceState, *, reason: s
     current = InstanceState(inst.state)
     if current == to:
         return
-    if to not in TRANSITIONS[current]:
-        raise Conflict(f"instance {inst.id} is {current.value}; it cannot become {to.value}")
+    try:
+        check_transition(INSTANCE_TRANSITIONS, "instance", inst.id, current, to)
+    except IllegalTransition as e:
+        raise Conflict(str(e)) from None
     session.add(
         InstanceEvent(instance_id=inst.id, at=now, from_state=current.value, to_state=to.value, reason=reason[:255])
     )
@@ -96,5 +50,5 @@ def transition(session: Session, inst: Instance, to: InstanceState, *, reason: s
     inst.updated_at = now
     if to == S.READY and inst.ready_at is None:
         inst.ready_at = now
-    if to in (S.TERMINATED, S.LAUNCH_FAILED) and inst.terminated_at is None:
+    if to in INSTANCE_FINAL and inst.terminated_at is None:
         inst.terminated_at = now

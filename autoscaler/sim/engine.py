@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.ledger.period import month_bounds
+from autoscaler.lifecycle import TASK_FINAL
 from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.provisioning import catalog_offerings
 from autoscaler.queueing import tasks as task_ops
@@ -538,7 +539,7 @@ class Simulation:
         if ended.state == "queued":
             track.queued_since = self.now_s
             self._queued_gpus[track.trace.gpus] += 1
-        elif ended.state in ("succeeded", "failed", "canceled"):
+        elif ended.state in TASK_FINAL:
             track.finished_s = self.now_s
 
     def _after_free(self, agent: SimAgent) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.lifecycle import INSTANCE_LISTED, TASK_ACTIVE, TASK_ATTEMPT_ENDED, WORKER_LIVE
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.queueing.states import TaskState
 from autoscaler.reconciler.team_view import team_lines, verdict
@@ -30,7 +31,7 @@ from autoscaler.state.models import (
 )
 from autoscaler.web.charts import Series
 
-LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
+LIVE_INSTANCE_STATES = INSTANCE_LISTED
 # How the overview groups instance states into the three columns people watch.
 FLEET_COLUMNS = {
     "requested": "launching",
@@ -40,8 +41,8 @@ FLEET_COLUMNS = {
     "draining": "draining",
     "terminating": "draining",
 }
-FINAL_EVENT_STATES = ("succeeded", "failed", "canceled", "interrupted", "lost")
-ACTIVE_EVENT_STATES = ("leased", "running")
+FINAL_EVENT_STATES = TASK_ATTEMPT_ENDED
+ACTIVE_EVENT_STATES = TASK_ACTIVE
 # History written per worker by the reconciler (key = worker id), for sparklines.
 WORKER_GPU_METRIC = "worker_gpu_utilization_pct"
 CHART_TITLES = {
@@ -239,7 +240,7 @@ def unattached_workers(session: Session, team: str | None) -> list[Worker]:
     return list(
         session.scalars(
             select(Worker)
-            .where(Worker.state.in_(("idle", "busy", "draining")), Worker.instance_id.not_in(known))
+            .where(Worker.state.in_(WORKER_LIVE), Worker.instance_id.not_in(known))
             .order_by(Worker.registered_at.desc())
             .limit(200)
         )

@@ -21,7 +21,6 @@ from autoscaler.cli import _register, app
 from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig, parse_config
 from autoscaler.ledger import accrue, burn_rate, month_to_date, shared_pools, spend_report
-from autoscaler.ledger.routes import router as spend_router
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as worker_ops
 from autoscaler.reconciler.snapshot import observe, policy_input
@@ -150,7 +149,6 @@ def test_reviewers_probe_every_surface_shows_the_same_split(
     assert kinds == {("nlp", "usage"): pytest.approx(2.0), ("vision", "unused"): pytest.approx(2.0)}
 
     admin = issue_token(ctx, "admin")
-    ctx.extras["routers"] = [spend_router]
     server = LiveServer(ctx).start()
     try:
         samples = scrape(server.url, admin)

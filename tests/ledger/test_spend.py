@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from autoscaler.api.context import AppContext
 from autoscaler.errors import InvalidInput
 from autoscaler.ledger import accrue, burn_rate, forecast, month_to_date, parse_month, segments, spend_report
-from autoscaler.ledger.routes import router
 from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance, SpendRecord
 from tests.conftest import LiveServer, issue_token
@@ -88,7 +87,6 @@ def test_bad_month_is_one_clear_error(bad: str) -> None:
 
 
 def test_spend_api_scopes_teams_and_refuses_bad_input(ctx: AppContext) -> None:
-    ctx.extras["routers"] = [router]
     now = ctx.clock.now()
     with transaction(ctx.sessions) as s:
         _instance(s, team="vision", price=1.0, launched=now - timedelta(hours=2))

@@ -18,7 +18,6 @@ from autoscaler.clock import ManualClock
 from autoscaler.config import parse_config
 from autoscaler.notify.deliver import deliver_pending
 from autoscaler.notify.due import Due, record
-from autoscaler.notify.routes import router as alerts_router
 from autoscaler.state.db import transaction
 from tests.conftest import TEST_CONFIG, LiveServer, issue_token, make_context
 from tests.notify.receivers import HttpReceiver
@@ -37,7 +36,6 @@ def setup(sessions: sessionmaker[Session]) -> Iterator[tuple[LiveServer, HttpRec
     )
     config = parse_config(text, Path("t.yaml"))
     ctx = make_context(config, sessions, ManualClock(NOW))
-    ctx.extras.setdefault("routers", []).append(alerts_router)
     with transaction(sessions) as s:
         record(
             s,

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from autoscaler.api.app import create_app
 from autoscaler.cli import _register, app
 from autoscaler.config import PolicyConfig
-from autoscaler.policy.routes import EXTRAS_KEY, router
 from autoscaler.policy.schema import export_schemas
 from autoscaler.policy.service import PolicyService
 from tests.conftest import issue_token
@@ -25,8 +24,7 @@ runner = CliRunner()
 def served(ctx, tmp_path):
     directory = copy_policies(tmp_path)
     service = PolicyService(PolicyConfig(dir=str(directory), timeout_s=10), clock=ctx.clock, isolate=False)
-    ctx.extras[EXTRAS_KEY] = service
-    ctx.extras["routers"] = [router]
+    ctx.policy = service
     client = TestClient(create_app(ctx))
     yield client, service, directory
     service.close()
@@ -58,7 +56,7 @@ def test_status_for_users_reload_for_admins(ctx, served):
 
 
 def test_endpoints_say_so_when_the_service_is_not_running(ctx):
-    ctx.extras["routers"] = [router]
+    assert ctx.policy is None  # what `autoscaler server` runs: no policy service
     client = TestClient(create_app(ctx))
     r = client.get("/api/v1/policy", headers={"Authorization": f"Bearer {issue_token(ctx, 'admin')}"})
     assert r.status_code == 404 and "not running" in r.json()["detail"]

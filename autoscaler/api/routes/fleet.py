@@ -16,11 +16,12 @@ from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.api.schemas import DecisionOut, InstanceOut, PoolOut
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import NotFound
+from autoscaler.lifecycle import INSTANCE_LISTED
 from autoscaler.reconciler.team_view import team_decision
 from autoscaler.state.models import DecisionRecord, Instance
 
 router = APIRouter(prefix="/api/v1", tags=["fleet"])
-LIVE_INSTANCE_STATES = ("requested", "launching", "booting", "ready", "draining", "terminating")
+LIVE_INSTANCE_STATES = INSTANCE_LISTED
 
 
 @router.get("/pools", response_model=list[PoolOut])

@@ -17,7 +17,6 @@ from autoscaler.errors import NotFound
 from autoscaler.policy.service import PolicyService
 
 router = APIRouter(prefix="/api/v1", tags=["policy"])
-EXTRAS_KEY = "policy"
 
 
 class PolicyStatusOut(BaseModel):
@@ -43,8 +42,8 @@ class ReloadOut(BaseModel):
 
 
 def service_of(ctx: AppContext) -> PolicyService:
-    service = ctx.extras.get(EXTRAS_KEY)
-    if not isinstance(service, PolicyService):
+    service = ctx.policy
+    if service is None:
         raise NotFound("the policy service is not running in this process (start it with `autoscaler up`)")
     return service
 

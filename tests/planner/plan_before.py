@@ -1,0 +1,857 @@
+# ruff: noqa
+"""plan() as it was before it became a pipeline of named steps (main at 8153a7b), kept
+verbatim so tests/planner/test_pipeline_differential.py can prove the two agree. Delete
+both once the refactor has been in main for a release."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Generic, Protocol, TypeVar
+
+from autoscaler.admission.fit import gpu_type_matches
+from autoscaler.admission.gate import Machine, added_spend, placement_refusal
+from autoscaler.admission.model import TeamAdmission, from_decision
+from autoscaler.admission.quota import Quota
+from autoscaler.admission.quota import room as quota_room
+from autoscaler.planner.model import (
+    BOOTING_STATES,
+    DEAD_STATES,
+    LIVE_STATES,
+    SHARED_TEAM,
+    DemandGroup,
+    Drain,
+    Hold,
+    InstanceView,
+    Launch,
+    OfferingView,
+    Plan,
+    PlanInput,
+    PoolView,
+    QueueView,
+    Terminate,
+)
+from autoscaler.policy.schema import Decision, TeamDecision
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """The shape of one queued task. One `_Unit` stands for every task of a demand
+    group: they are identical, so the planner carries `(unit, count)` runs instead of
+    one object per task (10,000 tasks of 3,000 shapes are 3,000 objects). CPU-only
+    tasks (gpus == 0) need one slot of a GPU-less machine."""
+
+    team: str
+    queue: str
+    gpus: int
+    gpu_type: str | None
+    queue_priority: int
+    priority: int
+    order: float  # oldest first within equal priorities (seconds since epoch)
+    need: int  # planner units: GPUs, or one task slot for CPU work
+    # Built once per shape and shared, not per task: at 10x a plan appends ~100,000
+    # answers, and each fresh tuple would live until the plan is returned, feeding
+    # the garbage collector's full passes over the whole process.
+    answer: tuple[str, int]  # (queue, gpus), as recorded in a launch's answers
+    team_queue: tuple[str, str]
+    on_demand_first: bool = False  # retried after a spot reclaim: on-demand before spot
+    cpus: float = 0.0
+    memory_mb: int = 0
+
+    @property
+    def sized(self) -> bool:
+        """Asks for CPUs or memory: first fit must look at those too."""
+        return self.cpus > 0 or self.memory_mb > 0
+
+
+@dataclass(slots=True)
+class _Run:
+    """Tasks of one shape still to place, in a team's launch queue."""
+
+    unit: _Unit
+    left: int
+
+
+@dataclass(slots=True)
+class _Slot:
+    """Free capacity on a worker or a booting instance, in planner units: GPUs on a GPU
+    machine, one task slot on a GPU-less one."""
+
+    pool: str
+    gpu_machine: bool
+    gpu_type: str | None
+    free: int
+    worker_id: str | None = None
+    used: bool = False
+    cpus_free: float | None = None  # None: not known, so not limiting
+    mem_free: int | None = None
+
+
+@dataclass(slots=True)
+class _Bin:
+    """A planned new instance being filled with one team's units."""
+
+    team: str
+    pool: str
+    offering: OfferingView
+    free: int
+    answers: list[tuple[str, int]] = field(default_factory=list)
+    cpus_free: float | None = None
+    mem_free: int | None = None
+
+
+class _HasFree(Protocol):
+    free: int
+    cpus_free: float | None
+    mem_free: int | None
+
+
+def _room_for(item: _HasFree, unit: _Unit) -> bool:
+    if unit.cpus > 0 and item.cpus_free is not None and item.cpus_free + 1e-9 < unit.cpus:
+        return False
+    return not (unit.memory_mb > 0 and item.mem_free is not None and item.mem_free < unit.memory_mb)
+
+
+_Item = TypeVar("_Item", bound=_HasFree)
+
+
+class _TypeMatch:
+    """`gpu_type_matches` memoised for one plan: the same few (wish, offered) pairs are
+    asked about once per task otherwise, and the check normalises strings each time."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str | None, str | None], bool] = {}
+
+    def __call__(self, wanted: str | None, offered: str | None) -> bool:
+        key = (wanted, offered)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = gpu_type_matches(wanted, offered)
+        return hit
+
+
+class _FreeIndex(Generic[_Item]):
+    """First fit over items (slots, bins) kept in insertion order, indexed by free size.
+
+    The rule it must reproduce is the plain scan "the first item, in insertion order,
+    whose kind fits the unit and whose free >= need". Scanning cost O(items) per task,
+    and items that are full were never dropped from a team's bins, so a plan grew
+    quadratically. Here items are bucketed by kind (GPU machine or not, GPU type) and
+    then by their current free size, each bucket a min-heap of insertion positions:
+    the answer is the smallest head among the buckets with size >= need, so a lookup
+    costs O(kinds x distinct free sizes), a handful, whatever the fleet size.
+
+    Free sizes only ever shrink, so a taken item's old bucket entry is simply left
+    behind and skipped when it reaches a head (lazy deletion): an entry is live iff
+    the item's free still equals the bucket's size. Full items (free 0) are never
+    indexed, since every unit needs at least 1.
+    """
+
+    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members")
+
+    def __init__(self) -> None:
+        self._items: list[_Item] = []
+        # (gpu_machine, gpu_type, machine) -> free size -> heap of positions in `_items`.
+        # The machine (None for planned bins) is what admission looks at: a team may
+        # be allowed on some machines of a pool and not on others.
+        self._kinds: dict[tuple[bool, str | None, Machine | None], dict[int, list[int]]] = {}
+        self._members: dict[tuple[bool, str | None, Machine | None], list[int]] = {}
+        self._kind_of: list[dict[int, list[int]]] = []
+        self._kind_key: list[Machine | None] = []
+
+    def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None, machine: Machine | None = None) -> int:
+        kind = (gpu_machine, gpu_type, machine)
+        buckets = self._kinds.setdefault(kind, {})
+        pos = len(self._items)
+        self._items.append(item)
+        self._kind_of.append(buckets)
+        self._kind_key.append(machine)
+        self._members.setdefault(kind, []).append(pos)
+        if item.free > 0:
+            heapq.heappush(buckets.setdefault(item.free, []), pos)
+        return pos
+
+    def free_at(self, pos: int) -> int:
+        return self._items[pos].free
+
+    def first_fit(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool] | None = None) -> int | None:
+        """Position of the first item `unit` fits on, or None. `admit` says whether the
+        unit's team may use a machine (items without one, planned bins, always may)."""
+        best: int | None = None
+        need = unit.need
+        items = self._items
+        for (gpu_machine, offered, machine), buckets in self._kinds.items():
+            # Keep GPU machines for GPU work: a CPU task never counts on a GPU machine.
+            if unit.gpus == 0:
+                if gpu_machine:
+                    continue
+            elif not gpu_machine or not type_ok(unit.gpu_type, offered):
+                continue
+            if admit is not None and machine is not None and not admit(machine):
+                continue
+            if unit.sized:
+                # CPUs and memory are not indexed (few tasks ask for them): scan this
+                # kind's items in insertion order for the first with room for all three.
+                for pos in self._members[(gpu_machine, offered, machine)]:
+                    if best is not None and pos >= best:
+                        break
+                    item = items[pos]
+                    if item.free >= need and _room_for(item, unit):
+                        best = pos
+                        break
+                continue
+            for free in [f for f in buckets if f >= need]:
+                heap = buckets[free]
+                while heap and items[heap[0]].free != free:
+                    heapq.heappop(heap)  # stale: that item has been taken from since
+                if not heap:
+                    del buckets[free]
+                elif best is None or heap[0] < best:
+                    best = heap[0]
+        return best
+
+    def machine_at(self, pos: int) -> Machine | None:
+        return self._kind_key[pos]
+
+    def can_take(self, pos: int, unit: _Unit) -> bool:
+        item = self._items[pos]
+        return item.free >= unit.need and _room_for(item, unit)
+
+    def take(self, pos: int, unit: _Unit) -> _Item:
+        item = self._items[pos]
+        item.free -= unit.need
+        if unit.cpus > 0 and item.cpus_free is not None:
+            item.cpus_free -= unit.cpus
+        if unit.memory_mb > 0 and item.mem_free is not None:
+            item.mem_free -= unit.memory_mb
+        if item.free > 0:
+            heapq.heappush(self._kind_of[pos].setdefault(item.free, []), pos)
+        return item
+
+
+def _pool_cost(pool: PoolView) -> float:
+    """USD/h per GPU (or per machine for CPU pools) of the cheapest usable offering.
+    Static pools are already paid for: they cost nothing to use."""
+    if pool.static:
+        return 0.0
+    prices = [o.hourly_price / max(o.gpus, 1) for o in pool.offerings if not pool.is_blocked(o)]
+    return min(prices) if prices else INF
+
+
+def _ranked_pools(
+    queue: QueueView, pools: dict[str, PoolView], cost: dict[str, float], dec: Decision
+) -> list[PoolView]:
+    # The policy's pool order wins when it gives one; otherwise static first, then
+    # cheapest, the queue's own order breaking ties. A queue the policy restricts
+    # (placement: regions, pools) only ever sees its allowed pools.
+    qd = dec.queues.get(queue.name)
+    allowed = set(qd.allowed_pools) if qd is not None and qd.allowed_pools is not None else None
+    order = {name: i for i, name in enumerate(dec.pool_order)}
+    known = [(i, pools[n]) for i, n in enumerate(queue.pools) if n in pools and (allowed is None or n in allowed)]
+    known.sort(key=lambda ip: (order.get(ip[1].name, len(order)), not ip[1].static, cost[ip[1].name], ip[0]))
+    return [p for _, p in known]
+
+
+def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: PlanInput) -> list[tuple[_Unit, int]]:
+    """Demand as (unit, count) runs, one per group, in the input's order."""
+    epoch = inp.now.timestamp()
+    runs: list[tuple[_Unit, int]] = []
+    for g in demand:
+        if g.count <= 0:
+            continue
+        q = queues.get(g.queue)
+        order = g.oldest.timestamp() if g.oldest else epoch
+        qp = q.priority if q else 0
+        need = g.gpus if g.gpus > 0 else 1
+        unit = _Unit(
+            g.team,
+            g.queue,
+            g.gpus,
+            g.gpu_type,
+            qp,
+            g.priority,
+            order,
+            need,
+            (g.queue, g.gpus),
+            (g.team, g.queue),
+            g.after_reclaim,
+            g.cpus,
+            g.memory_mb,
+        )
+        runs.append((unit, g.count))
+    return runs
+
+
+def _cleanup(inp: PlanInput, drained_teams: set[str]) -> list[Terminate]:
+    pools = {p.name: p for p in inp.pools}
+    out: list[Terminate] = []
+    for inst in inp.instances:
+        pool = pools.get(inst.pool)
+        if inst.state in DEAD_STATES:
+            why = f"instance {inst.state}: {inst.reason}" if inst.reason else f"instance {inst.state}"
+            out.append(Terminate(inst.id, inst.pool, why))
+        elif inst.state in BOOTING_STATES and inst.worker_id is None:
+            if inst.team in drained_teams:
+                out.append(Terminate(inst.id, inst.pool, f"team {inst.team} over its hard budget"))
+                continue
+            if pool is None:
+                continue
+            started = inst.launched_at or inst.created_at
+            if inp.now - started >= timedelta(seconds=pool.boot_timeout_s):
+                out.append(
+                    Terminate(
+                        inst.id,
+                        inst.pool,
+                        f"no agent registered within the boot timeout ({pool.boot_timeout_s:g} s)",
+                        mark="boot_timeout",
+                    )
+                )
+        elif inst.state in ("ready", "draining") and inst.worker_state in (None, "gone"):
+            if inst.state == "draining":
+                out.append(Terminate(inst.id, inst.pool, "worker drained"))
+            else:
+                why = "worker gone (missed heartbeats or exited)"
+                out.append(Terminate(inst.id, inst.pool, why, mark="lost"))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The offerings of one pool that may answer one shape for one team, best first,
+    before the spend headroom is applied; and how many were turned away and why, for
+    the hold reason when none is left."""
+
+    ranked: tuple[OfferingView, ...]
+    shape_ok: int
+    blocked: int
+    type_denied: int
+
+
+class _OfferingChooser:
+    """Picks the offering of a new instance. Everything but the team's spend headroom
+    is fixed for the whole plan, so the filtered, ranked candidate list is computed
+    once per (pool, team, shape, useful GPUs) and each launch only walks it to the
+    first offering the headroom still affords: the best under headroom is the first
+    affordable one of the list ranked without it."""
+
+    def __init__(self, type_ok: _TypeMatch) -> None:
+        self._type_ok = type_ok
+        # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
+        # and the two team answers that filter offerings (most teams share them).
+        self._memo: dict[
+            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int], _Candidates
+        ] = {}
+        self._biggest: dict[str, int] = {}
+
+    def _candidates(self, pool: PoolView, unit: _Unit, td: TeamDecision, useful_cap: int) -> _Candidates:
+        ranked: list[tuple[tuple[float | int | str, ...], int, OfferingView]] = []
+        shape_ok = blocked = type_denied = 0
+        for i, o in enumerate(pool.offerings):
+            if o.capacity_type not in pool.capacity_types:
+                continue
+            if unit.gpus > 0:
+                if o.gpus < unit.gpus or not self._type_ok(unit.gpu_type, o.gpu_type):
+                    continue
+            elif o.gpus > 0:
+                continue
+            if o.cpus < unit.cpus or o.memory_mb < unit.memory_mb:
+                continue
+            shape_ok += 1
+            if o.capacity_type not in td.allowed_capacity_types:
+                type_denied += 1
+                continue
+            if pool.is_blocked(o):
+                blocked += 1
+                continue
+            if o.capacity_type == "spot" and td.max_spot_price is not None and o.hourly_price > td.max_spot_price:
+                type_denied += 1
+                continue
+            # Capacity type order is the pool's (spot first: on-demand is the fallback),
+            # then cost per GPU the demand will actually use: an 8-GPU machine for 2 GPUs
+            # of work is judged by its price / 2, not / 8.
+            useful = min(o.gpus, useful_cap) if o.gpus else 1
+            # After a reclaim, on-demand goes first and spot becomes the fallback.
+            escalated = unit.on_demand_first and o.capacity_type != "on_demand"
+            key = (
+                int(escalated),
+                pool.capacity_types.index(o.capacity_type),
+                o.hourly_price / useful,
+                o.hourly_price,
+                o.instance_type,
+                o.zone or "",
+            )
+            # The position breaks exact ties the way a scan keeping the first best does.
+            ranked.append((key, i, o))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied)
+
+    def choose(
+        self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
+    ) -> tuple[OfferingView | None, str]:
+        """The offering to launch for `unit`, or None and why not."""
+        # Useful GPUs are min(offering GPUs, the team's queued GPUs in this queue, at
+        # least this task's). Past the pool's largest machine the wish changes nothing,
+        # so it is capped there to keep the memo small; CPU work ignores it.
+        useful_cap = 0
+        if unit.gpus > 0:
+            biggest = self._biggest.get(pool.name)
+            if biggest is None:
+                biggest = self._biggest[pool.name] = max([o.gpus for o in pool.offerings], default=0)
+            useful_cap = min(max(want_gpus, unit.gpus), max(biggest, 1))
+        memo_key = (
+            pool.name,
+            unit.gpus,
+            unit.gpu_type,
+            useful_cap,
+            tuple(td.allowed_capacity_types),
+            td.max_spot_price,
+            unit.on_demand_first,
+            unit.cpus,
+            unit.memory_mb,
+        )
+        cands = self._memo.get(memo_key)
+        if cands is None:
+            cands = self._memo[memo_key] = self._candidates(pool, unit, td, useful_cap)
+        for o in cands.ranked:
+            if o.hourly_price <= headroom + 1e-9:
+                return o, ""
+        shape = "a CPU-only machine"
+        if unit.gpus:
+            shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
+        if unit.cpus:
+            shape += f", {unit.cpus:g} CPU(s)"
+        if unit.memory_mb:
+            shape += f", {unit.memory_mb} MB of memory"
+        if cands.shape_ok == 0:
+            return None, f"pool {pool.name} has no instance type with {shape}"
+        if cands.ranked:
+            left = "no" if headroom <= 0 else f"{headroom:.2f} USD/h"
+            cheapest_over = min(o.hourly_price for o in cands.ranked)
+            return None, (
+                f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
+                f"costs {cheapest_over:.2f} USD/h"
+            )
+        if cands.blocked and not cands.type_denied:
+            return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors"
+        return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
+
+
+def plan(inp: PlanInput) -> Plan:
+    dec = inp.decision
+    pools = {p.name: p for p in inp.pools}
+    queues = {q.name: q for q in inp.queues}
+    cost = {name: _pool_cost(p) for name, p in pools.items()}
+    teams_in_demand = {g.team for g in inp.demand}
+    drained_teams = {t for t, td in dec.teams.items() if td.drain}
+    if dec.default_team.drain:
+        drained_teams |= teams_in_demand | {i.team for i in inp.instances if i.team}
+    notes: list[str] = []
+    if dec.fail_safe:
+        notes.append(
+            f"policy could not be evaluated ({dec.error}): holding, nothing is launched (not even for pool "
+            "minimums), running work is kept, idle machines still drain"
+        )
+
+    # 1. clean up --------------------------------------------------------------------
+    terminations = _cleanup(inp, drained_teams)
+    gone = {t.instance_id for t in terminations}
+    by_id = {i.id: i for i in inp.instances}
+
+    def team_drained_worker(instance_id: str | None) -> bool:
+        inst = by_id.get(instance_id) if instance_id else None
+        return inst is not None and inst.team in drained_teams
+
+    count: Counter[str] = Counter(i.pool for i in inp.instances if i.state in LIVE_STATES and i.id not in gone)
+    max_eff: dict[str, int] = {}
+    min_eff: dict[str, int] = {}
+    for p in inp.pools:
+        pd = dec.pools.get(p.name)
+        # The policy may only tighten the config's bounds, never widen them.
+        hi, lo = p.max_instances, p.min_instances
+        if pd is not None and pd.max_instances is not None:
+            hi = min(hi, pd.max_instances)
+        if pd is not None and pd.min_instances is not None:
+            lo = max(lo, pd.min_instances)
+        max_eff[p.name] = max(hi, 0)
+        min_eff[p.name] = min(lo, max_eff[p.name])
+
+    # 2. fit onto existing and booting capacity --------------------------------------
+    type_ok = _TypeMatch()
+    slots: dict[str, _FreeIndex[_Slot]] = defaultdict(_FreeIndex)
+    idle_slots: list[tuple[_Slot, InstanceView | None, float]] = []
+    for w in inp.workers:
+        if w.state not in ("idle", "busy") or team_drained_worker(w.instance_id) or w.pool not in pools:
+            continue
+        free = w.gpu_count - w.used_gpus if w.gpu_count > 0 else 1 - w.running_tasks
+        slot = _Slot(
+            w.pool,
+            w.gpu_count > 0,
+            w.gpu_type,
+            max(free, 0),
+            worker_id=w.id,
+            cpus_free=w.cpus_free,
+            mem_free=w.memory_free_mb,
+        )
+        w_inst = by_id.get(w.instance_id) if w.instance_id else None
+        slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
+        pool = pools[w.pool]
+        if (
+            w.state == "idle"
+            and w.running_tasks == 0
+            and w.idle_since is not None
+            and not pool.static
+            and inp.now - w.idle_since >= timedelta(seconds=pool.idle_timeout_s)
+        ):
+            idle_slots.append(
+                (
+                    slot,
+                    by_id.get(w.instance_id) if w.instance_id else None,
+                    (inp.now - w.idle_since).total_seconds(),
+                )
+            )
+    # Booting capacity comes after the workers of its pool, as if appended to a list.
+    for inst in inp.instances:
+        if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
+            slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
+            boot_pool = pools.get(inst.pool)
+            machine = _machine(boot_pool, inst.gpus, inst, None) if boot_pool else Machine(inst.pool, inst.gpus)
+            slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, machine)
+
+    tds = {t: dec.team(t) for t in teams_in_demand}
+    # Admission, the same rule the lease applies (autoscaler.admission): work goes
+    # onto a machine only where its team may be, within its GPU quota, and where it
+    # adds spend (another team's or the shared line's machine) within its headroom.
+    adms: dict[str, TeamAdmission] = {t: from_decision(t, td, fail_safe=dec.fail_safe) for t, td in tds.items()}
+    headroom: dict[str, float] = {
+        t: INF if a.headroom_usd_per_hour is None else a.headroom_usd_per_hour for t, a in adms.items()
+    }
+    quotas: dict[str, Quota] = {t: a.quota for t, a in adms.items() if a.quota is not None}
+    # Teams without demand still lend their unused quota (or hold borrowed GPUs).
+    for name in {*dec.teams} - set(adms):
+        other = dec.teams[name]
+        if other.nominal_gpus is not None:
+            quotas[name] = Quota(other.nominal_gpus, other.borrowing_limit_gpus, other.lending_limit_gpus)
+    allocated: Counter[str] = Counter()
+
+    def quota_left(team: str) -> int | None:
+        """GPUs the team may still be given in this plan (None: no quota)."""
+        if team not in quotas:
+            return None
+        held = {t: inp.running_gpus.get(t, 0) + allocated[t] for t in quotas}
+        return quota_room(team, quotas, held)
+
+    def quota_reason(u: _Unit, left: int) -> str:
+        q = quotas[u.team]
+        return (
+            f"quota: team {u.team} holds or is planned {inp.running_gpus.get(u.team, 0) + allocated[u.team]} "
+            f"GPU(s) of nominal {q.nominal_gpus}"
+            + (f" + borrowing limit {q.borrowing_limit_gpus}" if q.borrowing_limit_gpus is not None else "")
+            + f"; {left} more may start now, a task needs {u.gpus}"
+        )
+
+    def admitter(u: _Unit) -> Callable[[Machine], bool]:
+        adm = adms[u.team]
+
+        def admit(machine: Machine) -> bool:
+            if placement_refusal(adm, machine) is not None:
+                return False
+            cost = added_spend(adm, machine, u.gpus)
+            if cost <= 1e-12:
+                return True
+            return adm.may_scale_up and not adm.fail_safe and cost <= headroom[u.team] + 1e-9
+
+        return admit
+
+    def charge(u: _Unit, machine: Machine | None) -> None:
+        if machine is not None:
+            headroom[u.team] -= added_spend(adms[u.team], machine, u.gpus)
+
+    def tier(team: str) -> int:
+        return tds[team].priority_tier
+
+    # Tasks are placed one by one in this order, but the tasks of a group are equal and
+    # stay adjacent under a stable sort, so the order is kept as runs of one shape.
+    runs = _runs(inp.demand, queues, inp)
+    runs.sort(key=lambda r: (-tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+    ranked = {q.name: _ranked_pools(q, pools, cost, dec) for q in inp.queues}
+    remaining: list[tuple[_Unit, int]] = []
+    placed_existing = 0
+    # Free capacity only shrinks during this step, so once a task of some shape finds no
+    # slot in its queue's pools, no later task of that shape will: the rest of its run,
+    # and every later run of that shape, go straight to step 3.
+    no_fit: set[tuple[str, str, int, str | None, float, int]] = set()
+    for u, n in runs:
+        placed = 0
+        shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
+        if shape not in no_fit:
+            candidates = [slots[p.name] for p in ranked.get(u.queue, ()) if p.name in slots]
+            admit = admitter(u)
+            while placed < n:
+                left = quota_left(u.team)
+                if left is not None and u.gpus > left:
+                    break  # step 3 holds the rest with the quota reason
+                # First pool in rank order with a slot that fits, first fitting slot there.
+                for index in candidates:
+                    pos = index.first_fit(u, type_ok, admit)
+                    if pos is not None:
+                        index.take(pos, u).used = True
+                        charge(u, index.machine_at(pos))
+                        allocated[u.team] += u.gpus
+                        placed += 1
+                        break
+                else:
+                    no_fit.add(shape)
+                    break
+        if placed:
+            placed_existing += placed
+        if placed < n:
+            remaining.append((u, n - placed))
+
+    # 3. launch for the rest -----------------------------------------------------------
+    launches_bins: list[_Bin] = []
+    # Each team's new instances per pool, indexed by free size for first fit.
+    bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
+    chooser = _OfferingChooser(type_ok)
+    held: Counter[tuple[str, str, str]] = Counter()
+    held_gpus: Counter[tuple[str, str, str]] = Counter()
+    want: Counter[tuple[str, str]] = Counter()
+    for u, n in remaining:
+        want[u.team_queue] += u.gpus * n
+    # A shape that could not get a new machine will not get one later in this plan:
+    # counts only grow and headroom only shrinks, so the refusal is remembered.
+    refused: dict[tuple[str, str, int, str | None, float, int], str] = {}
+
+    def hold(u: _Unit, reason: str, n: int = 1) -> None:
+        held[(u.team, u.queue, reason)] += n
+        held_gpus[(u.team, u.queue, reason)] += u.gpus * n
+
+    def try_place(u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
+        """Place one task in a bin of its team (new or not): where, or None if held."""
+        # A bin already planned for this team is free: first fit over them, pools in
+        # the queue's rank order, before buying another machine.
+        team_bins = bins_by[u.team]
+        for pool in ranked.get(u.queue, ()):
+            index = team_bins.get(pool.name)
+            if index is not None:
+                pos = index.first_fit(u, type_ok)
+                if pos is not None:
+                    index.take(pos, u).answers.append(u.answer)
+                    return index, pos
+        shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
+        if shape in refused:
+            hold(u, refused[shape])
+            return None
+        reasons: list[str] = []
+        for pool in ranked.get(u.queue, ()):
+            if pool.static:
+                reasons.append(f"static pool {pool.name} is full")
+                continue
+            if td.allowed_pools is not None and pool.name not in td.allowed_pools:
+                reasons.append(f"policy keeps team {u.team} out of pool {pool.name}")
+                continue
+            if pool.backoff_until is not None and pool.backoff_until > inp.now:
+                reasons.append(f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}")
+                continue
+            if count[pool.name] >= max_eff[pool.name]:
+                reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
+                continue
+            offering, why = chooser.choose(pool, u, td, want[u.team_queue], headroom[u.team])
+            if offering is None:
+                reasons.append(why)
+                continue
+            b = _Bin(
+                u.team,
+                pool.name,
+                offering,
+                (offering.gpus or 1) - u.need,
+                [u.answer],
+                offering.cpus - u.cpus if u.cpus > 0 else offering.cpus,
+                offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb,
+            )
+            index = team_bins.get(pool.name)
+            if index is None:
+                index = team_bins[pool.name] = _FreeIndex()
+            pos = index.add(b, offering.gpus > 0, offering.gpu_type)
+            launches_bins.append(b)
+            count[pool.name] += 1
+            headroom[u.team] -= offering.hourly_price
+            return index, pos
+        refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
+        hold(u, refused[shape])
+        return None
+
+    weight = {t: td.priority_weight if td.priority_weight > 0 else 1e-9 for t, td in tds.items()}
+
+    def share(team: str) -> float:
+        # Weighted dominant share on GPUs: running GPUs plus GPUs given by this plan,
+        # per unit of weight.
+        return (inp.running_gpus.get(team, 0) + allocated[team]) / weight[team]
+
+    by_tier: dict[int, dict[str, list[tuple[_Unit, int]]]] = defaultdict(lambda: defaultdict(list))
+    for u, n in remaining:
+        by_tier[tier(u.team)][u.team].append((u, n))
+    for t in sorted(by_tier, reverse=True):
+        heap: list[tuple[float, int, str]] = []
+        pending: dict[str, deque[_Run]] = {}
+        for team, team_runs in by_tier[t].items():
+            td = tds[team]
+            if team in drained_teams or not td.may_scale_up:
+                why = "; ".join(td.reasons) or ("policy: scale-up frozen" if not td.may_scale_up else "")
+                why = f"team {team} may not scale up" + (f": {why}" if why else "")
+                if team in drained_teams:
+                    why = f"team {team} is over its hard budget: its capacity is being drained"
+                for u, n in team_runs:
+                    hold(u, why, n)
+                continue
+            # Within a team: larger tasks first (first-fit decreasing) after priorities.
+            team_runs.sort(key=lambda r: (-r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+            pending[team] = deque(_Run(u, n) for u, n in team_runs)
+            heapq.heappush(heap, (share(team), 0, team))
+        served: Counter[str] = Counter()
+        while heap:
+            _, _, team = heapq.heappop(heap)
+            td = tds[team]
+            queue_of_team = pending[team]
+            at: tuple[_FreeIndex[_Bin], int] | None = None
+            prev: _Run | None = None
+            while True:
+                run = queue_of_team[0]
+                u = run.unit
+                run.left -= 1
+                if run.left == 0:
+                    queue_of_team.popleft()
+                left = quota_left(team)
+                if left is not None and u.gpus > left:
+                    hold(u, quota_reason(u, left))
+                    at = None
+                elif at is not None and run is prev and at[0].can_take(at[1], u):
+                    # The task before this one was the same shape, for the same team,
+                    # and went into a bin that still has room: that bin is this task's
+                    # first fit too. Bins ahead of it did not fit that shape and have
+                    # not changed since (only this team fills its bins), so the search
+                    # in try_place would end there: skip it.
+                    at[0].take(at[1], u).answers.append(u.answer)
+                else:
+                    at = try_place(u, td)
+                if at is not None:
+                    allocated[team] += u.gpus
+                    want[u.team_queue] -= u.gpus
+                served[team] += 1
+                prev = run
+                if not queue_of_team:
+                    break
+                # The team holding the least per unit of weight goes next; the count
+                # breaks ties so CPU work interleaves. Keys are unique (the team name
+                # ends them), so "push, then pop the smallest" gives this team back
+                # exactly when its key is below the heap's head: skip the round trip.
+                key = (share(team), served[team], team)
+                if heap and heap[0] < key:
+                    heapq.heappush(heap, key)
+                    break
+
+    launches = [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in launches_bins]
+
+    if dec.fail_safe:
+        # Fail-safe means hold. Every team is frozen then, so nothing above launched;
+        # this keeps it so whatever a failed decision carries.
+        launches = []
+
+    # min_instances for cloud pools, charged to no team ---------------------------------
+    for p in sorted(inp.pools, key=lambda p: cost[p.name]):
+        while not dec.fail_safe and not p.static and count[p.name] < min_eff[p.name]:
+            cheapest = _cheapest(p)
+            if cheapest is None:
+                notes.append(f"pool {p.name} is below its min of {min_eff[p.name]}; no offering is free")
+                break
+            launches.append(
+                Launch(
+                    p.name,
+                    cheapest,
+                    SHARED_TEAM,
+                    (),
+                    f"pool {p.name} keeps at least {min_eff[p.name]} instance(s)",
+                )
+            )
+            count[p.name] += 1
+
+    # 4. scale down ------------------------------------------------------------------------
+    drains: list[Drain] = []
+    idle_slots.sort(key=lambda x: -x[2])
+    for slot, idle_inst, idle_s in idle_slots:
+        if slot.used or slot.worker_id is None:
+            continue
+        pool = pools[slot.pool]
+        if count[pool.name] <= min_eff[pool.name]:
+            continue
+        count[pool.name] -= 1
+        drains.append(
+            Drain(
+                slot.worker_id,
+                pool.name,
+                f"idle for {idle_s:.0f} s (idle timeout {pool.idle_timeout_s:g} s)",
+                only_if_idle=True,
+                instance_id=idle_inst.id if idle_inst else None,
+                deadline_s=inp.drain_deadline_s,
+            )
+        )
+    if drained_teams:
+        for w in inp.workers:
+            w_inst = by_id.get(w.instance_id) if w.instance_id else None
+            if w_inst is not None and w_inst.team in drained_teams and w.state in ("idle", "busy"):
+                drains.append(
+                    Drain(
+                        w.id,
+                        w.pool,
+                        f"team {w_inst.team} is over its hard budget",
+                        only_if_idle=False,
+                        instance_id=w_inst.id,
+                        deadline_s=inp.drain_deadline_s,
+                    )
+                )
+
+    holds = tuple(
+        Hold(team, queue, n, held_gpus[(team, queue, reason)], reason)
+        for (team, queue, reason), n in sorted(held.items())
+    )
+    return Plan(tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing, tuple(notes))
+
+
+def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str | None) -> Machine:
+    """A worker's or booting instance's machine as admission sees it (no instance
+    record: an on-prem or Slurm machine we do not pay for by the hour)."""
+    exclusive = pool.tenancy == "team"
+    if inst is None:
+        return Machine(pool.name, gpus, exclusive=exclusive, tenant=tenant)
+    return Machine(
+        pool.name,
+        inst.gpus or gpus,
+        inst.hourly_price,
+        inst.team if pool.unused_cost != "shared" else None,
+        inst.capacity_type,
+        exclusive=exclusive,
+        tenant=inst.team or tenant,
+    )
+
+
+def _cheapest(pool: PoolView) -> OfferingView | None:
+    usable = [o for o in pool.offerings if o.capacity_type in pool.capacity_types and not pool.is_blocked(o)]
+    if not usable:
+        return None
+    order = pool.capacity_types.index
+    return min(usable, key=lambda o: (order(o.capacity_type), o.hourly_price, o.instance_type))
+
+
+def _launch_reason(b: _Bin) -> str:
+    gpus = sum(g for _, g in b.answers)
+    queues = ", ".join(sorted({q for q, _ in b.answers}))
+    what = f"{gpus} GPU(s)" if gpus else "CPU work"
+    return (
+        f"team {b.team}: {len(b.answers)} queued task(s) in {queues} need {what}; "
+        f"{b.offering.key} at {b.offering.hourly_price:.2f} USD/h"
+    )
