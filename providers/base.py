@@ -60,20 +60,21 @@ class Offering:
 
 @dataclass(frozen=True)
 class LaunchRequest:
+    """One instance of one offering, as the reconciler asks for it.
+
+    Exactly what the reconciler sets, nothing more: one row in the state database is
+    one instance, so there is no count; the planner has already chosen the offering
+    (zone, capacity type) and applied the policy's spot price cap, so there are no
+    alternatives, zones or price caps for a driver to second-guess.
+    """
+
     request_id: str
     pool: str
     owner: str
     offering: Offering
-    count: int = 1
     image: str | None = None
     user_data: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
-    # Zones (or subnets) the driver may spread over; empty = the offering's zone.
-    zones: Sequence[str] = ()
-    max_spot_price: float | None = None
-    # Other shapes of the same capacity type the provider may pick instead (a fleet's
-    # overrides, as Karpenter keeps every compatible type); empty = the offering only.
-    alternatives: Sequence[Offering] = ()
 
     def all_tags(self) -> dict[str, str]:
         return {
@@ -130,8 +131,9 @@ class InterruptionEvent:
 
 @dataclass(frozen=True)
 class Capabilities:
-    spot: bool = False
-    fleets: bool = False
+    """What the reconciler asks of a driver beyond the four calls."""
+
+    # The driver is an `InterruptionSource` worth polling every cycle.
     interruption_events: bool = False
     # Static pools: the reconciler never launches or terminates, only drains.
     static: bool = False
@@ -208,7 +210,8 @@ class Provider(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        """Start `request.count` instances; idempotent by `request.request_id`."""
+        """Start one instance; idempotent by `request.request_id` (a list: the instance,
+        or none when the provider accepted the call but started nothing)."""
         ...
 
     def list(self, owner: str) -> list[ProviderInstance]:

@@ -26,8 +26,10 @@ class AwsSettings:
     # AMI id; a pool's `image` takes precedence. Built by agent_image/packer.
     image: str | None = None
     key_name: str | None = None
-    # "fleet": CreateFleet type instant over instance types x subnets (default);
-    # "run_instances": one type, one subnet per call (simpler IAM, no launch templates).
+    # "fleet" (default): an instant CreateFleet over the pool's subnets when the offering
+    # has no zone and there are several to choose from, RunInstances otherwise;
+    # "run_instances": always RunInstances into the first subnet (simpler IAM, no
+    # launch templates).
     launch_api: LaunchApi = "fleet"
     spot_allocation_strategy: str = "price-capacity-optimized"
     on_demand_allocation_strategy: str = "lowest-price"

@@ -77,7 +77,7 @@ class AzureProvider:
     """A pool of Azure VMs; see the module docstring for the contract details."""
 
     name = "azure"
-    capabilities = Capabilities(spot=True)
+    capabilities = Capabilities()
 
     def __init__(
         self,
@@ -115,18 +115,9 @@ class AzureProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
-        launched: list[ProviderInstance] = []
-        for index in range(request.count):
-            name = vm_name(self.settings.name_prefix, request.request_id, index)
-            try:
-                launched.append(self._launch_one(request, name))
-            except ProviderError:
-                if launched:
-                    break  # keep what started; the reconciler plans the rest elsewhere
-                raise
-        return launched
+        # Index 0: the deterministic name keeps the form it had when a request could ask
+        # for several VMs, so VMs launched before still match their request.
+        return [self._launch_one(request, vm_name(self.settings.name_prefix, request.request_id, 0))]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         out: list[ProviderInstance] = []
@@ -265,8 +256,7 @@ class AzureProvider:
             "priority": "Regular",
         }
         if offering.capacity_type == "spot":
-            max_price = request.max_spot_price if request.max_spot_price is not None else s.max_price
-            props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": max_price})
+            props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": s.max_price})
         body: dict[str, Any] = {"location": s.location, "tags": request.all_tags(), "properties": props}
         if offering.zone:
             body["zones"] = [offering.zone]

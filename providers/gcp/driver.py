@@ -76,7 +76,7 @@ class GcpProvider:
     """A pool of Compute Engine VMs; see the module docstring for the contract details."""
 
     name = "gcp"
-    capabilities = Capabilities(spot=True)
+    capabilities = Capabilities()
 
     def __init__(self, settings: GcpSettings, offerings: Sequence[Offering], *, credentials: Any = None) -> None:
         self._compute = _import_sdk()
@@ -99,22 +99,12 @@ class GcpProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
-        zone = request.offering.zone or (request.zones[0] if request.zones else self.settings.zones[0])
-        launched: list[ProviderInstance] = []
-        for index in range(request.count):
-            name = instance_name(self.settings.name_prefix, request.request_id, index)
-            try:
-                self._insert(request, zone, name, index)
-            except ProviderError:
-                # Keep what already started (like a partially filled fleet); the
-                # reconciler plans the rest again elsewhere.
-                if launched:
-                    break
-                raise
-            launched.append(self._launched_view(request, zone, name))
-        return launched
+        zone = request.offering.zone or self.settings.zones[0]
+        # Index 0: names and operation ids keep the form they had when a request could
+        # ask for several instances, so instances launched before still match.
+        name = instance_name(self.settings.name_prefix, request.request_id, 0)
+        self._insert(request, zone, name, 0)
+        return [self._launched_view(request, zone, name)]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         compute = self._compute

@@ -132,8 +132,6 @@ class LocalProvider:
         return list(self._catalog)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}")
         if not request.user_data:
             raise InvalidRequest(
                 "a local instance needs user-data with a join token: render it with "
@@ -144,10 +142,7 @@ class LocalProvider:
         except BootstrapError as exc:
             raise InvalidRequest(str(exc)) from None
         self.root.mkdir(parents=True, exist_ok=True)
-        out = []
-        for n in range(request.count):
-            iid = self._instance_id(request.request_id, n)
-            out.append(self._ensure_started(iid, request, bootstrap))
+        out = [self._ensure_started(self._instance_id(request.request_id, 0), request, bootstrap)]
         return out
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:

@@ -148,32 +148,21 @@ class SlurmProvider:
         return builtins.list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
         try:
             bootstrap = parse_user_data(request.user_data)
         except BootstrapError as exc:
             raise InvalidRequest(f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap") from None
         for d in (self.settings.state_dir, self.settings.log_dir, self.settings.work_dir):
             d.mkdir(parents=True, exist_ok=True)
-        queued: dict[str, QueuedJob] | None = None
-        out: builtins.list[ProviderInstance] = []
-        for index in range(request.count):
-            instance_id = self.instance_id(request.request_id, index)
-            record = self._read_record(instance_id)
-            if record is None:
-                if queued is None:
-                    queued = {j.name: j for j in self._squeue()}
-                job = queued.get(instance_id)
-                try:
-                    job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
-                except ProviderError:
-                    if out:
-                        break
-                    raise
-                record = self._write_record(request, instance_id, job_id)
-            out.append(self._record_view(record, InstanceStatus.PENDING))
-        return out
+        # Index 0: the job name keeps the form it had when a request could ask for
+        # several jobs, so jobs submitted before still match their request.
+        instance_id = self.instance_id(request.request_id, 0)
+        record = self._read_record(instance_id)
+        if record is None:
+            job = {j.name: j for j in self._squeue()}.get(instance_id)
+            job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
+            record = self._write_record(request, instance_id, job_id)
+        return [self._record_view(record, InstanceStatus.PENDING)]
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:
         out: builtins.list[ProviderInstance] = []

@@ -69,7 +69,7 @@ def test_builds_aws_and_reports_bad_options(tmp_path: Path) -> None:
         home=tmp_path,
     )
     assert isinstance(aws, AwsProvider)
-    assert aws.settings.image == "ami-1" and not aws.capabilities.fleets
+    assert aws.settings.image == "ami-1" and aws.settings.launch_api == "run_instances"
     with pytest.raises(ConfigError, match=r"pool 'gpu': unknown AWS option\(s\) subnet;"):
         build_provider(pool(provider="aws", options={"subnet": ["s-1"]}), deployment="test", home=tmp_path)
 
