@@ -45,6 +45,7 @@ from providers.base import (
     ProviderError,
     ProviderInstance,
     TransientError,
+    import_extra,
 )
 from providers.identity import IdentityVerifier
 
@@ -74,15 +75,16 @@ class AwsProvider:
     def __init__(
         self,
         settings: AwsSettings,
-        *,
         catalog: Sequence[Offering],
+        *,
         session: Any = None,
         boto_config: Any = None,
         name: str = "aws",
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        import boto3  # lazy: the control plane runs without the aws extra
-        from botocore.config import Config
+        # Lazy: the control plane runs without the aws extra.
+        boto3 = import_extra("boto3", extra="aws", package="boto3")
+        Config = import_extra("botocore.config", extra="aws", package="boto3").Config
 
         self.name = name
         self.settings = settings

@@ -38,6 +38,7 @@ from providers.base import (
     ProviderInstance,
     Scope,
     TransientError,
+    import_extra,
 )
 
 _STATUS = {
@@ -52,18 +53,10 @@ _STATUS = {
 
 
 def _import_sdk() -> tuple[Any, Any, Any]:
-    try:
-        from azure.core import exceptions as core_exceptions
-        from azure.mgmt.compute import ComputeManagementClient
-        from azure.mgmt.network import NetworkManagementClient
-    except ImportError:
-        raise InvalidRequest(
-            "the Azure provider needs the 'azure' extra (azure-mgmt-compute is not installed): "
-            "pip install 'gpu-autoscaler[azure]'",
-            scope=Scope.PROVIDER,
-            code="MissingExtra",
-        ) from None
-    return ComputeManagementClient, NetworkManagementClient, core_exceptions
+    core_exceptions = import_extra("azure.core.exceptions", extra="azure", package="azure-core")
+    compute = import_extra("azure.mgmt.compute", extra="azure", package="azure-mgmt-compute")
+    network = import_extra("azure.mgmt.network", extra="azure", package="azure-mgmt-network")
+    return compute.ComputeManagementClient, network.NetworkManagementClient, core_exceptions
 
 
 def vm_name(prefix: str, request_id: str, index: int) -> str:
@@ -93,19 +86,13 @@ class AzureProvider:
         kwargs: dict[str, Any] = {"retry_total": settings.sdk_retries, **(client_kwargs or {})}
         if settings.base_url:
             kwargs["base_url"] = settings.base_url
+        if credential is None:
+            identity = import_extra("azure.identity", extra="azure", package="azure-identity")
         try:
             if credential is None:
-                from azure.identity import DefaultAzureCredential
-
-                credential = DefaultAzureCredential()
+                credential = identity.DefaultAzureCredential()
             self._compute = compute_cls(credential, settings.subscription_id, **kwargs)
             self._network = network_cls(credential, settings.subscription_id, **kwargs)
-        except ImportError:
-            raise InvalidRequest(
-                "the Azure provider needs azure-identity: pip install 'gpu-autoscaler[azure]'",
-                scope=Scope.PROVIDER,
-                code="MissingExtra",
-            ) from None
         except Exception as exc:
             raise AuthError(f"Azure credentials unavailable: {exc}", code="NoCredentials") from None
 

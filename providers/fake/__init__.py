@@ -33,6 +33,7 @@ from typing import Any, Literal
 from providers.base import (
     Capabilities,
     CapacityError,
+    DriverOptions,
     InstanceStatus,
     InterruptionEvent,
     LaunchRequest,
@@ -89,6 +90,10 @@ class FakeInstance:
     notice_sent: bool = False
     zone: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+
+
+class FakeOptions(DriverOptions):
+    """A fake pool takes no `options:`; its knobs are constructor arguments for tests."""
 
 
 class FakeProvider:

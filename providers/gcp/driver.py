@@ -35,6 +35,7 @@ from providers.base import (
     ProviderInstance,
     Scope,
     TransientError,
+    import_extra,
 )
 from providers.gcp.errors import from_api_exception, map_error
 from providers.gcp.labels import instance_name, label_key, label_value, labels_from_tags, operation_request_id
@@ -60,16 +61,7 @@ _STATUS = {
 
 
 def _import_sdk() -> Any:
-    try:
-        from google.cloud import compute_v1
-    except ImportError:
-        raise InvalidRequest(
-            "the GCP provider needs the 'gcp' extra (google-cloud-compute is not installed): "
-            "pip install 'gpu-autoscaler[gcp]'",
-            scope=Scope.PROVIDER,
-            code="MissingExtra",
-        ) from None
-    return compute_v1
+    return import_extra("google.cloud.compute_v1", extra="gcp", package="google-cloud-compute")
 
 
 class GcpProvider:

@@ -35,6 +35,7 @@ from typing import Any
 
 from providers.base import (
     Capabilities,
+    DriverOptions,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
@@ -94,6 +95,10 @@ def default_offering(simulated_gpus: Mapping[str, Any] | None) -> Offering:
         hourly_price=0.0,
         region="local",
     )
+
+
+class LocalOptions(DriverOptions):
+    """A local pool takes no `options:` (its GPUs and labels are pool fields); any key is a typo."""
 
 
 class LocalProvider:

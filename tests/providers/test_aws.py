@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from typing import Any
 
@@ -52,7 +53,7 @@ def make(moto: MotoEC2, *, attempts: int = 1, **options: Any) -> AwsProvider:
     settings = AwsSettings.from_options(REGION, {"endpoint_url": moto.url, **options}, image=AMI)
     session = SESSION
     config = Config(retries={"mode": "standard", "total_max_attempts": attempts})
-    return AwsProvider(settings, catalog=[G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config)
+    return AwsProvider(settings, [G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config)
 
 
 def user_data() -> str:
@@ -312,7 +313,7 @@ def test_unreachable_endpoint_is_transient() -> None:
     session = SESSION
     aws = AwsProvider(
         settings,
-        catalog=[],
+        [],
         session=session,
         boto_config=Config(retries={"total_max_attempts": 1}, connect_timeout=1),
     )
@@ -353,21 +354,23 @@ def test_spot_prices_from_history_with_catalog_fallback(moto_ec2: MotoEC2) -> No
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"subnet": ["s"]}, "unknown AWS option"),
-        ({"subnets": "subnet-1"}, "list of subnet ids"),
-        ({"launch_api": "spot_fleet"}, "'fleet' or 'run_instances'"),
-        ({"max_attempts": 0}, "positive integer"),
+        ({"subnet": ["s"]}, "options.subnet: unknown option; did you mean 'subnets'?"),
+        ({"subnets": "subnet-1"}, "options.subnets"),
+        ({"launch_api": "spot_fleet"}, "options.launch_api: Input should be 'fleet' or 'run_instances'"),
+        ({"max_attempts": 0}, "options.max_attempts: Input should be greater than or equal to 1"),
+        ({"region": "us-west-2"}, "options.region: unknown option"),
     ],
 )
 def test_settings_refuse_bad_options(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)) as caught:
         AwsSettings.from_options(REGION, options)
+    assert "\n" not in caught.value.message and caught.value.message.startswith("invalid AWS pool options.")
 
 
 def test_launch_without_an_image_says_what_to_do(moto_ec2: MotoEC2) -> None:
     settings = AwsSettings.from_options(REGION, {"endpoint_url": moto_ec2.url})
     session = SESSION
-    aws = AwsProvider(settings, catalog=[], session=session)
+    aws = AwsProvider(settings, [], session=session)
     with pytest.raises(InvalidRequest, match="has no AMI: set `image`"):
         aws.launch(req("r"))
 

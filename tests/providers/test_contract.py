@@ -37,7 +37,7 @@ from providers.base import (
 from providers.bootstrap import BootstrapSpec, render_user_data
 from providers.fake import FakeProvider
 from providers.local import LocalProvider, default_offering
-from providers.static import StaticProvider
+from providers.static import StaticProvider, StaticSettings
 from tests.fakes.aws import MotoEC2, unique_owner
 
 DRIVERS = ["fake", "local", "aws", "gcp", "azure", "slurm", "static"]
@@ -189,7 +189,8 @@ def _slurm(request: pytest.FixtureRequest) -> Backend:
 
 def _static(request: pytest.FixtureRequest) -> Backend:
     offering = Offering("static.2gpu", "on_demand", None, 2, "A100", 32, 256000, 0.0)
-    static = StaticProvider(POOL, OWNER_STATIC, [offering], {"machines": [{"name": "rack1-n1", "gpus": 2}, "rack1-n2"]})
+    settings = StaticSettings.from_options({"machines": [{"name": "rack1-n1", "gpus": 2}, "rack1-n2"]})
+    static = StaticProvider(settings, [offering], pool=POOL, owner=OWNER_STATIC)
     return Backend(static, offering, lambda: InvalidRequest, never_existed="rack9-n9", launches=False)
 
 

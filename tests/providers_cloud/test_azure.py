@@ -222,14 +222,14 @@ def test_failed_vm_left_behind_is_deleted_then_relaunch_works(azure_fake: AzureA
 
 
 def test_bad_pool_options_are_one_line_errors() -> None:
-    with pytest.raises(InvalidRequest, match=r"needs options.resource_group") as info:
+    with pytest.raises(InvalidRequest, match=r"invalid Azure pool options.resource_group: Field required") as info:
         AzureSettings.from_options(
             {"subscription_id": "s", "subnet_id": SUBNET_ID, "ssh_public_key": "k"},
             region="eastus",
             image=IMAGE,
         )
     assert "\n" not in info.value.message
-    with pytest.raises(InvalidRequest, match="full resource id"):
+    with pytest.raises(InvalidRequest, match=r"options.subnet_id: Value error, must be a full resource id"):
         AzureSettings.from_options(
             {"subscription_id": "s", "resource_group": "rg", "subnet_id": "workers", "ssh_public_key": "k"},
             region="eastus",

@@ -183,11 +183,21 @@ def test_error_codes_map_to_typed_errors_with_scope(
 
 
 def test_bad_pool_options_are_one_line_errors() -> None:
-    with pytest.raises(InvalidRequest, match=r"needs options.project") as info:
+    with pytest.raises(InvalidRequest, match=r"invalid GCP pool options.project: Field required") as info:
         GcpSettings.from_options({}, region="us-central1", zones=ZONES, image=IMAGE)
     assert "\n" not in info.value.message
-    with pytest.raises(InvalidRequest, match=r"unknown GCP pool option\(s\) \['projet'\]"):
+    with pytest.raises(InvalidRequest, match=r"options.projet: unknown option; did you mean 'project'\?"):
         GcpSettings.from_options({"projet": "x"}, region="us-central1", zones=ZONES, image=IMAGE)
+    with pytest.raises(InvalidRequest, match=r"options.spot_termination_action: Input should be 'DELETE' or 'STOP'"):
+        GcpSettings.from_options(
+            {"project": "p", "spot_termination_action": "hibernate"}, region="r", zones=ZONES, image=IMAGE
+        )
+    assert (
+        GcpSettings.from_options(
+            {"project": "p", "spot_termination_action": "stop"}, region="r", zones=ZONES, image=IMAGE
+        ).spot_termination_action
+        == "STOP"
+    )
     with pytest.raises(InvalidRequest, match="at least one zone"):
         GcpSettings.from_options({"project": "p"}, region="us-central1", zones=[], image=IMAGE)
 

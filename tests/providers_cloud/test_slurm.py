@@ -179,5 +179,5 @@ def test_sbatch_refusals_are_typed(slurm: Any) -> None:
 def test_bad_bootstrap_and_options_are_one_line_errors(slurm: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="user-data"):
         slurm().launch(LaunchRequest("no-bootstrap", "slurm-gpu", OWNER, ONE_GPU, user_data="not: cloud-init"))
-    with pytest.raises(InvalidRequest, match=r"unknown Slurm pool option\(s\) \['partiton'\]"):
+    with pytest.raises(InvalidRequest, match=r"options.partiton: unknown option; did you mean 'partition'\?"):
         SlurmSettings.from_options({"partiton": "gpu"}, home=tmp_path, pool="p", boot_timeout_s=1)
