@@ -37,7 +37,7 @@ from providers.base import (
     TransientError,
     import_extra,
 )
-from providers.gcp.errors import from_api_exception, map_error
+from providers.gcp.errors import from_api_exception, from_errors
 from providers.gcp.labels import instance_name, label_key, label_value, labels_from_tags, operation_request_id
 from providers.gcp.settings import GcpSettings
 
@@ -195,7 +195,7 @@ class GcpProvider:
         if errors:
             triples = [(e.code, e.message, self._quota_metric(e)) for e in errors]
             status = operation.http_error_status_code or None
-            raise map_error(triples, http_status=status, zone=zone, fallback_message=operation.http_error_message)
+            raise from_errors(triples, http_status=status, zone=zone, fallback_message=operation.http_error_message)
 
     @staticmethod
     def _quota_metric(error: Any) -> str:

@@ -299,7 +299,7 @@ class SlurmProvider:
         except subprocess.TimeoutExpired:
             raise TransientError(f"{what} did not answer within 60 s", code="Timeout") from None
         if done.returncode != 0:
-            raise _map_error(what, done.stderr.strip() or done.stdout.strip())
+            raise map_error(what, done.stderr.strip() or done.stdout.strip())
         return done.stdout
 
     def _record_path(self, instance_id: str) -> Path:
@@ -345,14 +345,18 @@ class SlurmProvider:
         )
 
 
-def _map_error(what: str, stderr: str) -> ProviderError:
-    message = f"{what} failed: {stderr.splitlines()[-1] if stderr else 'no output'}"
+def map_error(code: str, message: str, http_status: int | None = None) -> ProviderError:
+    """A failed Slurm command (`code`: which one) and what it printed -> a typed error.
+
+    The same shape as the cloud drivers' `map_error`; Slurm has no error codes or HTTP
+    status, so its refusals are told apart by their words (`_ERRORS`)."""
+    text = f"{code} failed: {message.splitlines()[-1] if message else 'no output'}"
     for pattern, kind, scope in _ERRORS:
-        if pattern.search(stderr):
-            if kind in (TransientError,):
-                return TransientError(message, code="SlurmUnavailable")
-            return kind(message, scope=scope, code="Slurm")
-    return InvalidRequest(message, code="Slurm")
+        if pattern.search(message):
+            if kind is TransientError:
+                return TransientError(text, code="SlurmUnavailable")
+            return kind(text, scope=scope, code="Slurm")
+    return InvalidRequest(text, code="Slurm")
 
 
 def _parse_time(value: str) -> datetime | None:
