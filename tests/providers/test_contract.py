@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from providers.base import (
+    AuthError,
     CapacityError,
     InstanceStatus,
     InvalidRequest,
@@ -33,6 +34,8 @@ from providers.base import (
     Provider,
     ProviderError,
     ProviderInstance,
+    RateLimited,
+    TransientError,
 )
 from providers.bootstrap import BootstrapSpec, render_user_data
 from providers.fake import FakeProvider
@@ -298,3 +301,75 @@ def test_a_refused_launch_raises_a_typed_error(backend: Backend, owner: str) -> 
     assert isinstance(caught.value, expected), f"{type(caught.value).__name__}: {caught.value}"
     assert caught.value.message, "a typed error says what was wrong"
     assert len(listed(backend, owner)) == (0 if backend.launches else 2), "a refused launch starts nothing"
+
+
+# ---- one error shape, one missing-SDK path -----------------------------------------------
+
+
+def _mappers() -> dict[str, Callable[[str, str, int | None], ProviderError]]:
+    from providers.aws.errors import map_error as aws
+    from providers.azure.errors import map_error as azure
+    from providers.gcp.errors import map_error as gcp
+    from providers.slurm.driver import map_error as slurm
+
+    return {"aws": aws, "gcp": gcp, "azure": azure, "slurm": slurm}
+
+
+@pytest.mark.parametrize(
+    ("driver", "code", "message", "status", "expected"),
+    [
+        ("aws", "InsufficientInstanceCapacity", "no g5", 500, CapacityError),
+        ("gcp", "ZONE_RESOURCE_POOL_EXHAUSTED", "no T4", 503, CapacityError),
+        ("azure", "AllocationFailed", "no NC4", 200, CapacityError),
+        ("slurm", "sbatch", "Requested node configuration is not available", None, CapacityError),
+        ("aws", "SomethingNew", "throttled", 429, RateLimited),
+        ("gcp", "somethingNew", "throttled", 429, RateLimited),
+        ("azure", "SomethingNew", "throttled", 429, RateLimited),
+        ("aws", "SomethingNew", "down", 503, TransientError),
+        ("gcp", "somethingNew", "down", 503, TransientError),
+        ("azure", "SomethingNew", "down", 503, TransientError),
+        ("slurm", "squeue", "Unable to contact slurm controller", None, TransientError),
+        ("gcp", "forbidden", "no", 403, AuthError),
+        ("azure", "SomethingNew", "no", 403, AuthError),
+        ("slurm", "sbatch", "something nobody has seen", None, InvalidRequest),
+    ],
+)
+def test_every_driver_maps_errors_with_one_shape(
+    driver: str, code: str, message: str, status: int | None, expected: type[ProviderError]
+) -> None:
+    error = _mappers()[driver](code, message, status)
+    assert type(error) is expected, f"{driver}: {type(error).__name__}: {error.message}"
+    assert message.split()[0] in error.message, "the backend's words reach the user"
+
+
+@pytest.mark.parametrize(
+    ("driver", "module", "options"),
+    [
+        ("aws", "boto3", {}),
+        ("gcp", "google.cloud.compute_v1", {"project": "p"}),
+        (
+            "azure",
+            "azure.mgmt.compute",
+            {
+                "subscription_id": "s",
+                "resource_group": "rg",
+                "ssh_public_key": "k",
+                "subnet_id": "/subscriptions/s/resourceGroups/rg/providers/"
+                "Microsoft.Network/virtualNetworks/v/subnets/w",
+            },
+        ),
+    ],
+)
+def test_a_missing_sdk_is_one_missing_extra_line(
+    driver: str, module: str, options: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoscaler.config import PoolConfig
+    from autoscaler.errors import MissingExtra
+    from autoscaler.provisioning import build_provider
+
+    monkeypatch.setitem(sys.modules, module, None)  # what an install without the extra sees
+    pool = PoolConfig(name="p", provider=driver, region="r1", zones=["r1-a"], options=options)  # type: ignore[arg-type]
+    with pytest.raises(MissingExtra) as caught:
+        build_provider(pool, deployment="d", home=tmp_path)
+    assert f"pip install 'gpu-autoscaler[{driver}]'" in str(caught.value)
+    assert "\n" not in str(caught.value)
