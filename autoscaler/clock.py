@@ -30,7 +30,3 @@ class ManualClock:
 
     def set(self, when: datetime) -> None:
         self._now = when
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

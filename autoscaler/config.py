@@ -16,9 +16,11 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from autoscaler.errors import ConfigError
+from providers.base import DriverOptions, option_problems
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 CapacityType = Literal["spot", "on_demand"]
@@ -86,7 +88,11 @@ class PoolConfig(_Strict):
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     simulated_gpus: SimulatedGpus | None = None
-    options: dict[str, Any] = Field(default_factory=dict, description="Provider-specific settings.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Provider-specific settings, checked against the provider's options model "
+        "(docs/providers.md); an unknown key is an error.",
+    )
     tenancy: Literal["team", "shared"] = Field(
         "team",
         description=(
@@ -106,6 +112,59 @@ class PoolConfig(_Strict):
         if self.min_instances > self.max_instances:
             raise ValueError(f"min_instances ({self.min_instances}) exceeds max_instances ({self.max_instances})")
         return self
+
+    @model_validator(mode="after")
+    def _options_fit_the_provider(self) -> PoolConfig:
+        """Check `options` against the model of `provider`, each problem at its key path
+        (`pools.2.options.subnet: unknown option; did you mean 'subnets'?`)."""
+        model = options_model(self.provider)
+        try:
+            model.model_validate(self.options)
+        except ValidationError as exc:
+            details: list[InitErrorDetails] = [
+                {
+                    "type": PydanticCustomError("pool_option", "{problem}", {"problem": problem}),
+                    "loc": ("options", *loc),
+                    "input": self.options,
+                }
+                for loc, problem in option_problems(model, exc)
+            ]
+            raise ValidationError.from_exception_data(type(self).__name__, details) from None
+        return self
+
+
+def options_model(provider: ProviderKind) -> type[DriverOptions]:
+    """The `options:` model of each provider: the config's union keyed by `provider`.
+
+    Imported on use, so a deployment loads the settings modules of its own pools only
+    (none of them imports a cloud SDK)."""
+    if provider == "aws":
+        from providers.aws.settings import AwsOptions
+
+        return AwsOptions
+    if provider == "gcp":
+        from providers.gcp.settings import GcpOptions
+
+        return GcpOptions
+    if provider == "azure":
+        from providers.azure.settings import AzureOptions
+
+        return AzureOptions
+    if provider == "slurm":
+        from providers.slurm.settings import SlurmOptions
+
+        return SlurmOptions
+    if provider == "static":
+        from providers.static.settings import StaticOptions
+
+        return StaticOptions
+    if provider == "local":
+        from providers.local import LocalOptions
+
+        return LocalOptions
+    from providers.fake import FakeOptions
+
+    return FakeOptions
 
 
 class PolicyConfig(_Strict):

@@ -52,17 +52,34 @@ def _price(on_demand: float | None, spot: float | None, capacity: CapacityType) 
 
 
 def build_provider(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) -> Provider:
-    """The provider for one pool. `kw` passes test seams (e.g. `clock`, `endpoint_url`)."""
+    """The provider for one pool. `kw` passes test seams (e.g. `clock`, `session`).
+
+    Every driver is built the same way, `Driver(settings, offerings, *, seams)`, from
+    its checked settings; a bad setting or a missing SDK becomes one line for the user.
+    """
+    from providers.base import MissingExtra as MissingSdk
+    from providers.base import ProviderError
+
+    try:
+        return _build(pool, deployment=deployment, home=home, **kw)
+    except MissingSdk as exc:
+        raise MissingExtra(exc.extra, exc.package) from None
+    except ProviderError as exc:
+        raise ConfigError(f"pool {pool.name!r}: {exc.message}") from None
+
+
+def _build(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) -> Provider:
+    offerings = catalog_offerings(pool)
     kind = pool.provider
     if kind == "fake":
         from providers.fake import FakeProvider
 
-        return FakeProvider(catalog_offerings(pool), name=f"fake:{pool.name}", **kw)
+        return FakeProvider(offerings, name=f"fake:{pool.name}", **kw)
     if kind == "local":
         from providers.local import LocalProvider
 
         return LocalProvider(
-            catalog_offerings(pool),
+            offerings,
             pool=pool.name,
             home=home,
             simulated_gpus=pool.simulated_gpus.model_dump() if pool.simulated_gpus else None,
@@ -70,51 +87,29 @@ def build_provider(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) 
             **kw,
         )
     if kind == "aws":
-        try:
-            from providers.aws import AwsProvider, AwsSettings
+        from providers.aws import AwsProvider, AwsSettings
 
-            settings = AwsSettings.from_options(pool.region, pool.options, image=pool.image)
-            return AwsProvider(settings, catalog=catalog_offerings(pool), **kw)
-        except ImportError:
-            raise MissingExtra("aws", "boto3") from None
-        except ValueError as exc:
-            raise ConfigError(f"pool {pool.name!r}: {exc}") from None
-    if kind in ("gcp", "azure", "slurm", "static"):
-        return _build_other(pool, deployment=deployment, home=home, **kw)
+        return AwsProvider(AwsSettings.from_options(pool.region, pool.options, image=pool.image), offerings, **kw)
+    if kind == "gcp":
+        from providers.gcp import GcpProvider, GcpSettings
+
+        gcp = GcpSettings.from_options(pool.options, region=pool.region, zones=pool.zones, image=pool.image)
+        return GcpProvider(gcp, offerings, **kw)
+    if kind == "azure":
+        from providers.azure import AzureProvider, AzureSettings
+
+        azure = AzureSettings.from_options(pool.options, region=pool.region, image=pool.image)
+        return AzureProvider(azure, offerings, **kw)
+    if kind == "slurm":
+        from providers.slurm import SlurmProvider, SlurmSettings
+
+        slurm = SlurmSettings.from_options(pool.options, home=home, pool=pool.name, boot_timeout_s=pool.boot_timeout_s)
+        return SlurmProvider(slurm, offerings)
+    if kind == "static":
+        from providers.static import StaticProvider, StaticSettings
+
+        return StaticProvider(StaticSettings.from_options(pool.options), offerings, pool=pool.name, owner=deployment)
     raise ConfigError(
         f"pool {pool.name!r}: provider {kind!r} is not supported by this build; "
         "use one of: fake, local, aws, gcp, azure, slurm, static"
     )
-
-
-def _build_other(pool: PoolConfig, *, deployment: str, home: Path, **kw: Any) -> Provider:
-    """GCP, Azure, Slurm and static pools; their settings errors become one-line ConfigErrors."""
-    from providers.base import ProviderError
-
-    offerings = catalog_offerings(pool)
-    try:
-        if pool.provider == "gcp":
-            from providers.gcp import GcpProvider, GcpSettings
-
-            gcp = GcpSettings.from_options(pool.options, region=pool.region, zones=pool.zones, image=pool.image)
-            return GcpProvider(gcp, offerings, **kw)
-        if pool.provider == "azure":
-            from providers.azure import AzureProvider, AzureSettings
-
-            azure = AzureSettings.from_options(pool.options, region=pool.region, image=pool.image)
-            return AzureProvider(azure, offerings, **kw)
-        if pool.provider == "slurm":
-            from providers.slurm import SlurmProvider, SlurmSettings
-
-            slurm = SlurmSettings.from_options(
-                pool.options, home=home, pool=pool.name, boot_timeout_s=pool.boot_timeout_s
-            )
-            return SlurmProvider(slurm, offerings)
-        from providers.static import StaticProvider
-
-        return StaticProvider(pool.name, deployment, offerings, pool.options)
-    except ProviderError as exc:
-        if exc.code == "MissingExtra":
-            module = {"gcp": "google-cloud-compute", "azure": "azure-mgmt-compute"}.get(pool.provider, "")
-            raise MissingExtra(pool.provider, module) from None
-        raise ConfigError(f"pool {pool.name!r}: {exc.message}") from None

@@ -16,18 +16,31 @@ Contract (every implementation must honour it; the fake provider's tests check i
   zone; scoped to a region tries another region; scoped to the provider tries
   another provider. Nothing else may escape `launch`/`list`/`terminate` except
   `ProviderError` subclasses.
-- **Lazy SDK imports.** A driver imports its SDK when constructed, raising
-  `MissingExtra` (one line naming the extra to install) when it is absent, so the
-  control plane starts without every cloud SDK installed.
+- **Lazy SDK imports.** A driver imports its SDK when constructed, through
+  `import_extra`, which raises `MissingExtra` (one line naming the extra to install)
+  when it is absent, so the control plane starts without every cloud SDK installed.
+- **Checked settings.** A driver's `options:` are a `DriverOptions` model (unknown keys
+  refused); `parse_options` turns a bad mapping into one `InvalidRequest` line, and
+  the config loader reports the same problems with their key paths (`option_problems`).
+- **One error shape.** A cloud driver's `errors.map_error(code, message, http_status)`
+  turns the backend's answer into one of the typed errors below.
+- **One constructor shape.** `Driver(settings, offerings, *, test seams...)`: the
+  validated settings, the catalog the pool may launch, then keyword-only seams
+  (clients, credentials, clocks) that production leaves at their defaults.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal, Protocol, runtime_checkable
+from types import ModuleType
+from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 CapacityType = Literal["spot", "on_demand"]
 
@@ -60,20 +73,21 @@ class Offering:
 
 @dataclass(frozen=True)
 class LaunchRequest:
+    """One instance of one offering, as the reconciler asks for it.
+
+    Exactly what the reconciler sets, nothing more: one row in the state database is
+    one instance, so there is no count; the planner has already chosen the offering
+    (zone, capacity type) and applied the policy's spot price cap, so there are no
+    alternatives, zones or price caps for a driver to second-guess.
+    """
+
     request_id: str
     pool: str
     owner: str
     offering: Offering
-    count: int = 1
     image: str | None = None
     user_data: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
-    # Zones (or subnets) the driver may spread over; empty = the offering's zone.
-    zones: Sequence[str] = ()
-    max_spot_price: float | None = None
-    # Other shapes of the same capacity type the provider may pick instead (a fleet's
-    # overrides, as Karpenter keeps every compatible type); empty = the offering only.
-    alternatives: Sequence[Offering] = ()
 
     def all_tags(self) -> dict[str, str]:
         return {
@@ -130,8 +144,9 @@ class InterruptionEvent:
 
 @dataclass(frozen=True)
 class Capabilities:
-    spot: bool = False
-    fleets: bool = False
+    """What the reconciler asks of a driver beyond the four calls."""
+
+    # The driver is an `InterruptionSource` worth polling every cycle.
     interruption_events: bool = False
     # Static pools: the reconciler never launches or terminates, only drains.
     static: bool = False
@@ -198,6 +213,94 @@ class TransientError(ProviderError):
         super().__init__(message, scope=Scope.PROVIDER, code=code)
 
 
+class MissingExtra(ProviderError):
+    """A driver's SDK is not installed: the pool cannot run until the extra is."""
+
+    def __init__(self, extra: str, package: str) -> None:
+        super().__init__(
+            f"this pool needs the '{extra}' extra ({package} is not installed): pip install 'gpu-autoscaler[{extra}]'",
+            scope=Scope.PROVIDER,
+            code="MissingExtra",
+        )
+        self.extra = extra
+        self.package = package
+
+
+def import_extra(module: str, *, extra: str, package: str) -> ModuleType:
+    """Import an SDK module lazily; `MissingExtra` names the extra when it is absent."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(extra, package) from None
+
+
+# ---- driver settings -------------------------------------------------------------------
+
+
+class DriverOptions(BaseModel):
+    """Base of every driver's `options:` model: unknown keys are refused (a typo such as
+    `subnet` for `subnets` would otherwise be ignored silently), values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Options = TypeVar("Options", bound=DriverOptions)
+
+
+def option_problems(model: type[DriverOptions], exc: ValidationError) -> list[tuple[tuple[str | int, ...], str]]:
+    """(key path inside `options`, what is wrong) for each error; an unknown key names
+    the closest known one, so a typo says what was meant."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        inner = _model_at(model, loc[:-1]) if err["type"] == "extra_forbidden" else None
+        if inner is not None:
+            known = sorted(inner.model_fields)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            out.append((loc, f"unknown option; {hint}known: {', '.join(known) or '(none)'}"))
+        else:
+            out.append((loc, str(err["msg"])))
+    return out
+
+
+def _model_at(model: type[BaseModel], path: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The model that holds the keys at `path` (through lists, tuples and optionals)."""
+    current: type[BaseModel] = model
+    for part in path:
+        if isinstance(part, int):
+            continue  # an index into a list or tuple of models
+        field_info = current.model_fields.get(part)
+        if field_info is None:
+            return None
+        found = _model_in(field_info.annotation)
+        if found is None:
+            return None
+        current = found
+    return current
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse_options(model: type[Options], driver: str, options: Mapping[str, Any]) -> Options:
+    """Validate a pool's `options` mapping; a bad one is one `InvalidRequest` line."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"options.{'.'.join(str(p) for p in loc)}: {msg}" for loc, msg in option_problems(model, exc)
+        )
+        raise InvalidRequest(f"invalid {driver} pool {problems}", scope=Scope.PROVIDER, code="InvalidConfig") from None
+
+
 @runtime_checkable
 class Provider(Protocol):
     name: str
@@ -208,7 +311,8 @@ class Provider(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        """Start `request.count` instances; idempotent by `request.request_id`."""
+        """Start one instance; idempotent by `request.request_id` (a list: the instance,
+        or none when the provider accepted the call but started nothing)."""
         ...
 
     def list(self, owner: str) -> list[ProviderInstance]:

@@ -295,6 +295,14 @@ def test_unreachable_server_and_bad_config(tmp_path: Path) -> None:
     assert r.returncode == 1 and "pools.0.max_instance" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_typo_in_pool_options_stops_startup_at_its_key_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n  - {name: p, provider: aws, region: us-east-1, options: {subnet: [subnet-1]}}\n")
+    r = cli("server", "--config", str(bad), "--home", str(tmp_path / "h"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "at pools.0.options.subnet: unknown option; did you mean 'subnets'?" in r.stderr
+
+
 def test_refuses_public_address_without_tls(tmp_path: Path) -> None:
     r = cli("server", "--home", str(tmp_path / "h"), "--host", "0.0.0.0", "--port", str(free_port()))
     assert r.returncode == 1 and "without TLS" in r.stderr

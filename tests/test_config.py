@@ -29,6 +29,25 @@ def test_shipped_examples_parse(path: Path) -> None:
         ("queues:\n  - {name: q, pools: [nowhere]}\n", ["unknown pool 'nowhere'"]),
         ("teams: [{name: a}, {name: a}]\n", ["duplicate name 'a'"]),
         ("teams: [{name: Bad Name}]\n", ["teams.0.name", "pattern"]),
+        # Pool options are checked against the provider's own model, at their key path.
+        (
+            "pools:\n  - {name: p, provider: aws, region: us-east-1, options: {subnet: [s-1]}}\n",
+            ["at pools.0.options.subnet: unknown option; did you mean 'subnets'?"],
+        ),
+        (
+            "pools:\n  - {name: p, provider: aws, region: us-east-1, options: {max_attempts: 0}}\n",
+            ["at pools.0.options.max_attempts: Input should be greater than or equal to 1"],
+        ),
+        ("pools:\n  - {name: p, provider: gcp, options: {}}\n", ["at pools.0.options.project: Field required"]),
+        ("pools:\n  - {name: p, provider: local, options: {gpus: 2}}\n", ["at pools.0.options.gpus: unknown option"]),
+        (
+            "pools:\n  - {name: a, provider: fake}\n  - {name: b, provider: slurm, options: {partiton: gpu}}\n",
+            ["at pools.1.options.partiton: unknown option; did you mean 'partition'?"],
+        ),
+        (
+            "pools:\n  - {name: p, provider: static, options: {machines: [{name: n1, gpu: 8}]}}\n",
+            ["at pools.0.options.machines.0.gpu: unknown option; did you mean 'gpus'?"],
+        ),
     ],
 )
 def test_bad_config_messages(text: str, needles: list[str]) -> None:
@@ -37,6 +56,28 @@ def test_bad_config_messages(text: str, needles: list[str]) -> None:
     for needle in needles:
         assert needle in info.value.message
     assert "Traceback" not in info.value.message
+
+
+def test_pool_options_are_checked_by_the_loader_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "autoscaler.yaml"
+    path.write_text(
+        "pools:\n"
+        "  - name: gpu\n"
+        "    provider: aws\n"
+        "    region: us-east-1\n"
+        "    options:\n"
+        "      subnets: [subnet-1]\n"
+        "      launch_api: spot_fleet\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, Settings(config=None, database_url=None))
+    assert info.value.message.splitlines() == [
+        f"{path}: invalid configuration",
+        "  at pools.0.options.launch_api: Input should be 'fleet' or 'run_instances'",
+    ]
+    path.write_text(path.read_text().replace("spot_fleet", "run_instances"))
+    cfg = load_config(path, Settings(config=None, database_url=None))
+    assert cfg.pools[0].options == {"subnets": ["subnet-1"], "launch_api": "run_instances"}
 
 
 def test_missing_file_is_one_clear_line(tmp_path: Path) -> None:

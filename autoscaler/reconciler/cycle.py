@@ -162,7 +162,6 @@ class Reconciler:
         self._static_silent: dict[str, frozenset[str]] = {}
         self._last_history: datetime | None = None
         self._last_accrual: datetime | None = None
-        self.last_result: CycleResult | None = None
         # Where provider calls run: at once in this thread (the default: the simulator and
         # most tests), or on bounded thread pools reporting back (`autoscaler up`).
         self.executor: Executor = executor or SyncExecutor()
@@ -238,7 +237,6 @@ class Reconciler:
         if history:
             self._last_history = now
         self._last_accrual = now
-        self.last_result = result
         return result
 
     def observe(self, now: datetime) -> Snapshot:

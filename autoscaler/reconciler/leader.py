@@ -25,10 +25,6 @@ class LeaderLock:
         self._conn: Connection | None = None
         self.single_process = engine.dialect.name != "postgresql"
 
-    @property
-    def is_leader(self) -> bool:
-        return self.single_process or self._conn is not None
-
     def acquire(self) -> bool:
         """True if this process is (still, or now) the leader."""
         if self.single_process:

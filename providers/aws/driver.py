@@ -7,6 +7,11 @@ record finds them), and the call itself carries the request id as EC2's `ClientT
 
 Every instance and volume is tagged with owner, pool, request id, team and capacity
 type, so `list` finds instances by owner tag and IAM can scope terminate to them.
+
+One launch is one instance of the offering the planner chose. It is one RunInstances
+call, unless the offering has no zone and the pool has several subnets: then (with
+`launch_api: fleet`, the default) an instant CreateFleet lets EC2 pick the subnet
+with capacity.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from providers.base import (
     ProviderError,
     ProviderInstance,
     TransientError,
+    import_extra,
 )
 from providers.identity import IdentityVerifier
 
@@ -69,23 +75,20 @@ class AwsProvider:
     def __init__(
         self,
         settings: AwsSettings,
-        *,
         catalog: Sequence[Offering],
+        *,
         session: Any = None,
         boto_config: Any = None,
         name: str = "aws",
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        import boto3  # lazy: the control plane runs without the aws extra
-        from botocore.config import Config
+        # Lazy: the control plane runs without the aws extra.
+        boto3 = import_extra("boto3", extra="aws", package="boto3")
+        Config = import_extra("botocore.config", extra="aws", package="boto3").Config
 
         self.name = name
         self.settings = settings
-        self.capabilities = Capabilities(
-            spot=True,
-            fleets=settings.launch_api == "fleet",
-            interruption_events=bool(settings.interruption_queue_url),
-        )
+        self.capabilities = Capabilities(interruption_events=bool(settings.interruption_queue_url))
         self._catalog = list(catalog)
         self._now = clock or (lambda: datetime.now(UTC))
         config = boto_config or Config(
@@ -101,8 +104,6 @@ class AwsProvider:
         self._sqs: Any = None
         self._subnet_zones: dict[str, str] | None = None
         self._prices: tuple[float, dict[tuple[str, str], float]] | None = None
-        # Errors EC2 reported for a partly fulfilled fleet, for diagnosis (`explain`).
-        self.last_fleet_errors: builtins.list[dict[str, Any]] = []
 
     # ---- the Provider protocol -----------------------------------------------------
 
@@ -135,8 +136,6 @@ class AwsProvider:
         return out
 
     def launch(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}")
         image = request.image or self.settings.image
         if not image:
             raise InvalidRequest(
@@ -145,9 +144,13 @@ class AwsProvider:
         existing = self._by_request(request)
         if existing:
             return existing
-        if self.settings.launch_api == "fleet":
-            return self._launch_fleet(request, image)
-        return self._launch_run_instances(request, image)
+        placements = self._placements(request)
+        # A fleet costs three calls (create a launch template, CreateFleet, delete the
+        # template) where RunInstances costs one: it is worth it only when EC2 has a
+        # choice to make, an offering without a zone over several subnets.
+        if self.settings.launch_api == "fleet" and len(placements) > 1:
+            return self._launch_fleet(request, image, placements)
+        return self._launch_run_instances(request, image, placements[0])
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:
         return self._describe([{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}], include_reclaimed=True)
@@ -224,7 +227,7 @@ class AwsProvider:
 
     def _placements(self, request: LaunchRequest) -> builtins.list[dict[str, str]]:
         """Subnet (or zone, in a default VPC) choices for this request, in order."""
-        zones = [*request.zones] or ([request.offering.zone] if request.offering.zone else [])
+        zones = [request.offering.zone] if request.offering.zone else []
         subnets = self._subnets_by_zone()
         if subnets:
             chosen = [(z, s) for s, z in subnets.items() if not zones or z in zones]
@@ -282,35 +285,33 @@ class AwsProvider:
             ]
         return data
 
-    def _launch_run_instances(self, request: LaunchRequest, image: str) -> builtins.list[ProviderInstance]:
+    def _launch_run_instances(
+        self, request: LaunchRequest, image: str, place: Mapping[str, str]
+    ) -> builtins.list[ProviderInstance]:
         o = request.offering
         params = self._instance_data(request, image)
         params.update(
             InstanceType=o.instance_type,
-            # All or nothing: a partial RunInstances would leave the planner guessing;
-            # CreateFleet is the path that returns what it could get.
-            MinCount=request.count,
-            MaxCount=request.count,
+            MinCount=1,
+            MaxCount=1,
             ClientToken=client_token(request.request_id),
             UserData=request.user_data,  # boto3 base64-encodes it
         )
-        place = self._placements(request)[0]
         if "SubnetId" in place:
             params["SubnetId"] = place["SubnetId"]
         elif "AvailabilityZone" in place:
             params["Placement"] = {"AvailabilityZone": place["AvailabilityZone"]}
         if o.capacity_type == "spot":
-            spot: dict[str, Any] = {
-                "SpotInstanceType": "one-time",
-                "InstanceInterruptionBehavior": "terminate",
-            }
-            if request.max_spot_price is not None:
-                spot["MaxPrice"] = f"{request.max_spot_price:.4f}"
+            # No MaxPrice: the planner already refused offerings above the policy's
+            # cap, and EC2's default cap (the on-demand price) bounds the rest.
+            spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
         resp = self._call(self.ec2.run_instances, **params)
         return [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
 
-    def _launch_fleet(self, request: LaunchRequest, image: str) -> builtins.list[ProviderInstance]:
+    def _launch_fleet(
+        self, request: LaunchRequest, image: str, placements: Sequence[Mapping[str, str]]
+    ) -> builtins.list[ProviderInstance]:
         o = request.offering
         token = client_token(request.request_id)
         template = f"autoscaler-{token}"
@@ -331,13 +332,12 @@ class AwsProvider:
             self._call(self.ec2.delete_launch_template, LaunchTemplateName=template)
             self._call(self.ec2.create_launch_template, **create)
         try:
-            resp = self._call(self.ec2.create_fleet, **self._fleet_params(request, template, token))
+            resp = self._call(self.ec2.create_fleet, **self._fleet_params(request, template, token, placements))
         finally:
             # An instant fleet is done when the call returns; the template (which holds
             # the user-data) is not needed any more, and templates count against a quota.
             with contextlib.suppress(ProviderError):
                 self._call(self.ec2.delete_launch_template, LaunchTemplateName=template)
-        self.last_fleet_errors = list(resp.get("Errors", []))
         zones = self._subnets_by_zone()
         out: builtins.list[ProviderInstance] = []
         for item in resp.get("Instances", []):
@@ -364,20 +364,16 @@ class AwsProvider:
             raise map_error(first.get("ErrorCode", "UnfulfillableCapacity"), first.get("ErrorMessage", ""))
         return out
 
-    def _fleet_params(self, request: LaunchRequest, template: str, token: str) -> dict[str, Any]:
+    def _fleet_params(
+        self, request: LaunchRequest, template: str, token: str, placements: Sequence[Mapping[str, str]]
+    ) -> dict[str, Any]:
         o = request.offering
-        types = [o.instance_type] + [
-            a.instance_type for a in request.alternatives if a.capacity_type == o.capacity_type
-        ]
         overrides = []
-        for itype in dict.fromkeys(types):
-            for place in self._placements(request):
-                override: dict[str, Any] = {"InstanceType": itype, **place}
-                if "SubnetId" in override:
-                    override.pop("AvailabilityZone")  # EC2 takes one or the other
-                if o.capacity_type == "spot" and request.max_spot_price is not None:
-                    override["MaxPrice"] = f"{request.max_spot_price:.4f}"
-                overrides.append(override)
+        for place in placements:
+            override: dict[str, Any] = {"InstanceType": o.instance_type, **place}
+            if "SubnetId" in override:
+                override.pop("AvailabilityZone")  # EC2 takes one or the other
+            overrides.append(override)
         params: dict[str, Any] = {
             "ClientToken": token,
             "Type": "instant",
@@ -388,7 +384,7 @@ class AwsProvider:
                 }
             ],
             "TargetCapacitySpecification": {
-                "TotalTargetCapacity": request.count,
+                "TotalTargetCapacity": 1,
                 "DefaultTargetCapacityType": "spot" if o.capacity_type == "spot" else "on-demand",
             },
             "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(request)}],

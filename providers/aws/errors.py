@@ -105,11 +105,14 @@ PREFIX_MAP: dict[str, Factory] = {
 
 
 def map_error(code: str, message: str, http_status: int | None = None) -> ProviderError:
-    """The typed error for an EC2 error code; unknown codes by HTTP class (5xx = transient)."""
+    """The typed error for an EC2 error code; unknown codes by HTTP status (429 rate
+    limited, 5xx transient, else invalid)."""
     text = f"EC2 {code}: {message}" if message else f"EC2 {code}"
     factory = ERROR_MAP.get(code)
     if factory is None:
         factory = next((f for p, f in PREFIX_MAP.items() if code.startswith(p)), None)
+    if factory is None and http_status == 429:
+        factory = _rate  # a throttle under a code this table does not know yet
     if factory is None:
         factory = _transient if http_status is not None and http_status >= 500 else _invalid
     return factory(code, text)

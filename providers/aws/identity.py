@@ -22,20 +22,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from providers.base import InvalidRequest, Scope
+from providers.base import import_extra
 from providers.identity import IdentityRefused, IdentityVerifier, VerifiedIdentity
 
 
 def _load_public_key(certificate_pem: bytes) -> Any:
-    try:
-        from cryptography import x509
-    except ImportError:
-        raise InvalidRequest(
-            "verifying AWS instance identity needs the 'aws' extra (cryptography is not installed): "
-            "pip install 'gpu-autoscaler[aws]'",
-            scope=Scope.PROVIDER,
-            code="MissingExtra",
-        ) from None
+    x509 = import_extra("cryptography.x509", extra="aws", package="cryptography")
     try:
         return x509.load_pem_x509_certificate(certificate_pem).public_key()
     except ValueError as exc:

@@ -38,6 +38,7 @@ from providers.base import (
     ProviderInstance,
     Scope,
     TransientError,
+    import_extra,
 )
 
 _STATUS = {
@@ -52,18 +53,10 @@ _STATUS = {
 
 
 def _import_sdk() -> tuple[Any, Any, Any]:
-    try:
-        from azure.core import exceptions as core_exceptions
-        from azure.mgmt.compute import ComputeManagementClient
-        from azure.mgmt.network import NetworkManagementClient
-    except ImportError:
-        raise InvalidRequest(
-            "the Azure provider needs the 'azure' extra (azure-mgmt-compute is not installed): "
-            "pip install 'gpu-autoscaler[azure]'",
-            scope=Scope.PROVIDER,
-            code="MissingExtra",
-        ) from None
-    return ComputeManagementClient, NetworkManagementClient, core_exceptions
+    core_exceptions = import_extra("azure.core.exceptions", extra="azure", package="azure-core")
+    compute = import_extra("azure.mgmt.compute", extra="azure", package="azure-mgmt-compute")
+    network = import_extra("azure.mgmt.network", extra="azure", package="azure-mgmt-network")
+    return compute.ComputeManagementClient, network.NetworkManagementClient, core_exceptions
 
 
 def vm_name(prefix: str, request_id: str, index: int) -> str:
@@ -77,7 +70,7 @@ class AzureProvider:
     """A pool of Azure VMs; see the module docstring for the contract details."""
 
     name = "azure"
-    capabilities = Capabilities(spot=True)
+    capabilities = Capabilities()
 
     def __init__(
         self,
@@ -93,19 +86,13 @@ class AzureProvider:
         kwargs: dict[str, Any] = {"retry_total": settings.sdk_retries, **(client_kwargs or {})}
         if settings.base_url:
             kwargs["base_url"] = settings.base_url
+        if credential is None:
+            identity = import_extra("azure.identity", extra="azure", package="azure-identity")
         try:
             if credential is None:
-                from azure.identity import DefaultAzureCredential
-
-                credential = DefaultAzureCredential()
+                credential = identity.DefaultAzureCredential()
             self._compute = compute_cls(credential, settings.subscription_id, **kwargs)
             self._network = network_cls(credential, settings.subscription_id, **kwargs)
-        except ImportError:
-            raise InvalidRequest(
-                "the Azure provider needs azure-identity: pip install 'gpu-autoscaler[azure]'",
-                scope=Scope.PROVIDER,
-                code="MissingExtra",
-            ) from None
         except Exception as exc:
             raise AuthError(f"Azure credentials unavailable: {exc}", code="NoCredentials") from None
 
@@ -115,18 +102,9 @@ class AzureProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
-        launched: list[ProviderInstance] = []
-        for index in range(request.count):
-            name = vm_name(self.settings.name_prefix, request.request_id, index)
-            try:
-                launched.append(self._launch_one(request, name))
-            except ProviderError:
-                if launched:
-                    break  # keep what started; the reconciler plans the rest elsewhere
-                raise
-        return launched
+        # Index 0: the deterministic name keeps the form it had when a request could ask
+        # for several VMs, so VMs launched before still match their request.
+        return [self._launch_one(request, vm_name(self.settings.name_prefix, request.request_id, 0))]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         out: list[ProviderInstance] = []
@@ -265,8 +243,7 @@ class AzureProvider:
             "priority": "Regular",
         }
         if offering.capacity_type == "spot":
-            max_price = request.max_spot_price if request.max_spot_price is not None else s.max_price
-            props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": max_price})
+            props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": s.max_price})
         body: dict[str, Any] = {"location": s.location, "tags": request.all_tags(), "properties": props}
         if offering.zone:
             body["zones"] = [offering.zone]

@@ -40,33 +40,27 @@ _AUTH = {
 }
 
 
-def map_error(
-    code: str,
-    message: str,
-    *,
-    status: int | None,
-    where: str,
-    headers: Mapping[str, str] | None = None,
-) -> ProviderError:
-    text = f"Azure {code or status} in {where}: {message}"
+def map_error(code: str, message: str, http_status: int | None = None, *, retry_after_s: float = 10.0) -> ProviderError:
+    """One ARM error (code, message, HTTP status) -> a typed error; `retry_after_s` is
+    the answer's Retry-After, for a throttled call."""
     if code in _CAPACITY:
-        return CapacityError(text, scope=_CAPACITY[code], code=code)
+        return CapacityError(message, scope=_CAPACITY[code], code=code)
     if code == "SkuNotAvailable":
         # The size is not offered in this region/zone for this subscription (or as spot):
         # no point retrying this offering; other sizes or regions may work.
-        return CapacityError(text, scope=Scope.OFFERING, code=code)
+        return CapacityError(message, scope=Scope.OFFERING, code=code)
     if code in ("QuotaExceeded", "OperationNotAllowed") and (code == "QuotaExceeded" or _QUOTA_TEXT.search(message)):
         # Azure vCPU quotas are per region and VM family (and one for all spot VMs).
-        return QuotaError(text, scope=Scope.REGION, code=code)
-    if status == 429 or code in ("TooManyRequests", "OperationPreempted"):
-        return RateLimited(text, retry_after_s=_retry_after(headers), code=code or "429")
-    if code in _NOT_FOUND or status == 404:
-        return NotFound(text, code=code)
-    if code in _AUTH or status in (401, 403):
-        return AuthError(f"{text} (check the identity's role assignments; see docs/providers.md)", code=code)
-    if status is None or status >= 500:
-        return TransientError(text, code=code)
-    return InvalidRequest(text, code=code)
+        return QuotaError(message, scope=Scope.REGION, code=code)
+    if http_status == 429 or code in ("TooManyRequests", "OperationPreempted"):
+        return RateLimited(message, retry_after_s=retry_after_s, code=code or "429")
+    if code in _NOT_FOUND or http_status == 404:
+        return NotFound(message, code=code)
+    if code in _AUTH or http_status in (401, 403):
+        return AuthError(f"{message} (check the identity's role assignments; see docs/providers.md)", code=code)
+    if http_status is None or http_status >= 500:
+        return TransientError(message, code=code)
+    return InvalidRequest(message, code=code)
 
 
 def from_http_error(exc: Exception, *, where: str) -> ProviderError:
@@ -77,7 +71,8 @@ def from_http_error(exc: Exception, *, where: str) -> ProviderError:
     response = getattr(exc, "response", None)
     status = getattr(exc, "status_code", None) or getattr(response, "status_code", None)
     headers = dict(response.headers) if response is not None and response.headers is not None else {}
-    return map_error(code, message, status=status, where=where, headers=headers)
+    text = f"Azure {code or status} in {where}: {message}"
+    return map_error(code, text, status, retry_after_s=_retry_after(headers))
 
 
 def _retry_after(headers: Mapping[str, str] | None) -> float:

@@ -1,80 +1,49 @@
-"""An Azure pool's settings, read from the pool's `options` mapping in the config file.
+"""An Azure pool's settings: `AzureOptions` is the pool's `options:` block in the config
+file, `AzureSettings` adds what comes from the pool itself (region as location, image).
 
-A frozen dataclass rather than the control plane's config model (providers do not import
-it); a missing or mistyped key is refused with one line naming the key.
+A missing or mistyped key is refused with one line naming the key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from providers.base import InvalidRequest, Scope
+from pydantic import Field, field_validator
 
-_KNOWN = {
-    "subscription_id",
-    "resource_group",
-    "subnet_id",
-    "admin_username",
-    "ssh_public_key",
-    "os_disk_type",
-    "os_disk_size_gb",
-    "max_price",
-    "name_prefix",
-    "base_url",
-    "sdk_retries",
-}
+from providers.base import DriverOptions, parse_options
 
 
-@dataclass(frozen=True)
-class AzureSettings:
-    subscription_id: str
-    resource_group: str
-    location: str
+class AzureOptions(DriverOptions):
+    subscription_id: str = Field(min_length=1)
+    resource_group: str = Field(min_length=1)
+    # A full resource id: the VNet may live in another resource group than the VMs.
     subnet_id: str
-    ssh_public_key: str
-    image: str | None = None
+    ssh_public_key: str = Field(min_length=1)
     admin_username: str = "azureuser"
     os_disk_type: str = "StandardSSD_LRS"
-    os_disk_size_gb: int = 128
+    os_disk_size_gb: int = Field(128, ge=1)
     # Spot bid in USD/hour; -1 = pay up to the on-demand price and never be evicted for price.
     max_price: float = -1.0
     name_prefix: str = "as"
     # Only for tests and sovereign clouds; the public ARM endpoint otherwise.
     base_url: str | None = None
     # azure-core's own retries of 429/5xx before our typed error reaches the reconciler.
-    sdk_retries: int = 3
+    sdk_retries: int = Field(3, ge=0)
+
+    @field_validator("subnet_id")
+    @classmethod
+    def _full_id(cls, value: str) -> str:
+        if not value.startswith("/subscriptions/") or "/subnets/" not in value:
+            raise ValueError("must be a full resource id (/subscriptions/.../subnets/NAME)")
+        return value
+
+
+class AzureSettings(AzureOptions):
+    location: str
+    image: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, region: str, image: str | None) -> AzureSettings:
-        unknown = sorted(set(options) - _KNOWN)
-        if unknown:
-            raise _bad(f"unknown Azure pool option(s) {unknown}; known: {sorted(_KNOWN)}")
-        for key in ("subscription_id", "resource_group", "subnet_id", "ssh_public_key"):
-            if not isinstance(options.get(key), str) or not options[key]:
-                raise _bad(f"an Azure pool needs options.{key}")
-        if not str(options["subnet_id"]).startswith("/subscriptions/"):
-            raise _bad("options.subnet_id must be a full resource id (/subscriptions/.../subnets/NAME)")
-        try:
-            return cls(
-                subscription_id=options["subscription_id"],
-                resource_group=options["resource_group"],
-                location=region,
-                subnet_id=options["subnet_id"],
-                ssh_public_key=options["ssh_public_key"],
-                image=image,
-                admin_username=str(options.get("admin_username", "azureuser")),
-                os_disk_type=str(options.get("os_disk_type", "StandardSSD_LRS")),
-                os_disk_size_gb=int(options.get("os_disk_size_gb", 128)),
-                max_price=float(options.get("max_price", -1.0)),
-                name_prefix=str(options.get("name_prefix", "as")),
-                base_url=options.get("base_url"),
-                sdk_retries=int(options.get("sdk_retries", 3)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise _bad(f"invalid Azure pool option: {exc}") from None
-
-
-def _bad(message: str) -> InvalidRequest:
-    return InvalidRequest(message, scope=Scope.PROVIDER, code="InvalidConfig")
+        checked = parse_options(AzureOptions, "Azure", options)
+        return cls(location=region, image=image, **checked.model_dump())

@@ -8,8 +8,7 @@ or sleeps (except `op_delay_s`, off by default):
 - every call is recorded in `calls` (method, argument, time);
 - `fail_next(error)` / `fail_when(match, error)` inject errors for chosen calls;
 - `set_capacity(offering_key, n)` limits how many instances of an offering may run at
-  once (a launch then gets fewer instances than asked, or a `CapacityError` when none
-  are left, like an EC2 instant fleet);
+  once (a launch past the limit raises a `CapacityError`, as a cloud out of capacity);
 - `boot_delay_s`: an instance is `PENDING` until that long after its launch;
 - `list_lag_s`: listings lag launches and terminations (eventual consistency);
 - `preempt(instance_id)` / `schedule_preemption(instance_id, at)`: spot reclaims, each
@@ -34,9 +33,9 @@ from typing import Any, Literal
 from providers.base import (
     Capabilities,
     CapacityError,
+    DriverOptions,
     InstanceStatus,
     InterruptionEvent,
-    InvalidRequest,
     LaunchRequest,
     Offering,
     ProviderError,
@@ -93,6 +92,10 @@ class FakeInstance:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+class FakeOptions(DriverOptions):
+    """A fake pool takes no `options:`; its knobs are constructor arguments for tests."""
+
+
 class FakeProvider:
     """See the module docstring. Construct with the offerings the pool may launch."""
 
@@ -111,7 +114,7 @@ class FakeProvider:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = name
-        self.capabilities = capabilities or Capabilities(spot=True, fleets=True, interruption_events=True)
+        self.capabilities = capabilities or Capabilities(interruption_events=True)
         self._offerings = list(offerings)
         self._now = clock or _wall_clock
         self.boot_delay_s = boot_delay_s
@@ -198,38 +201,29 @@ class FakeProvider:
 
     def _launch(self, request: LaunchRequest) -> list[ProviderInstance]:
         self._enter("launch", request)
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
         known = self._by_request.get(request.request_id)
         if known is not None:
             return [self._view(self.instances[i]) for i in known]
         offering = request.offering
-        allowed = request.count
         limit = self._capacity.get(offering.key)
         if limit is not None:
             in_use = sum(1 for i in self.live() if i.request.offering.key == offering.key)
-            allowed = min(allowed, max(0, limit - in_use))
-            if allowed == 0:
+            if in_use >= limit:
                 raise CapacityError(
                     f"no {offering.capacity_type} capacity for {offering.instance_type} in {offering.zone or '-'}",
                     scope=Scope.OFFERING,
                     code="InsufficientInstanceCapacity",
                 )
-        now = self._now()
-        zones: list[str | None] = [*request.zones] or [offering.zone]
-        created: list[str] = []
-        for n in range(allowed):
-            inst = FakeInstance(
-                instance_id=next(self._ids),
-                request=request,
-                launched_at=now,
-                zone=zones[n % len(zones)],
-                tags=request.all_tags(),
-            )
-            self.instances[inst.instance_id] = inst
-            created.append(inst.instance_id)
-        self._by_request[request.request_id] = created
-        return [self._view(self.instances[i]) for i in created]
+        inst = FakeInstance(
+            instance_id=next(self._ids),
+            request=request,
+            launched_at=self._now(),
+            zone=offering.zone,
+            tags=request.all_tags(),
+        )
+        self.instances[inst.instance_id] = inst
+        self._by_request[request.request_id] = [inst.instance_id]
+        return [self._view(inst)]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         with self._lock:

@@ -35,8 +35,9 @@ from providers.base import (
     ProviderInstance,
     Scope,
     TransientError,
+    import_extra,
 )
-from providers.gcp.errors import from_api_exception, map_error
+from providers.gcp.errors import from_api_exception, from_errors
 from providers.gcp.labels import instance_name, label_key, label_value, labels_from_tags, operation_request_id
 from providers.gcp.settings import GcpSettings
 
@@ -60,23 +61,14 @@ _STATUS = {
 
 
 def _import_sdk() -> Any:
-    try:
-        from google.cloud import compute_v1
-    except ImportError:
-        raise InvalidRequest(
-            "the GCP provider needs the 'gcp' extra (google-cloud-compute is not installed): "
-            "pip install 'gpu-autoscaler[gcp]'",
-            scope=Scope.PROVIDER,
-            code="MissingExtra",
-        ) from None
-    return compute_v1
+    return import_extra("google.cloud.compute_v1", extra="gcp", package="google-cloud-compute")
 
 
 class GcpProvider:
     """A pool of Compute Engine VMs; see the module docstring for the contract details."""
 
     name = "gcp"
-    capabilities = Capabilities(spot=True)
+    capabilities = Capabilities()
 
     def __init__(self, settings: GcpSettings, offerings: Sequence[Offering], *, credentials: Any = None) -> None:
         self._compute = _import_sdk()
@@ -99,22 +91,12 @@ class GcpProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
-        zone = request.offering.zone or (request.zones[0] if request.zones else self.settings.zones[0])
-        launched: list[ProviderInstance] = []
-        for index in range(request.count):
-            name = instance_name(self.settings.name_prefix, request.request_id, index)
-            try:
-                self._insert(request, zone, name, index)
-            except ProviderError:
-                # Keep what already started (like a partially filled fleet); the
-                # reconciler plans the rest again elsewhere.
-                if launched:
-                    break
-                raise
-            launched.append(self._launched_view(request, zone, name))
-        return launched
+        zone = request.offering.zone or self.settings.zones[0]
+        # Index 0: names and operation ids keep the form they had when a request could
+        # ask for several instances, so instances launched before still match.
+        name = instance_name(self.settings.name_prefix, request.request_id, 0)
+        self._insert(request, zone, name, 0)
+        return [self._launched_view(request, zone, name)]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         compute = self._compute
@@ -213,7 +195,7 @@ class GcpProvider:
         if errors:
             triples = [(e.code, e.message, self._quota_metric(e)) for e in errors]
             status = operation.http_error_status_code or None
-            raise map_error(triples, http_status=status, zone=zone, fallback_message=operation.http_error_message)
+            raise from_errors(triples, http_status=status, zone=zone, fallback_message=operation.http_error_message)
 
     @staticmethod
     def _quota_metric(error: Any) -> str:

@@ -49,42 +49,44 @@ def _norm(code: str) -> str:
     return code.strip().lower()
 
 
-def map_error(
-    codes: Iterable[tuple[str, str, str]],
-    *,
-    http_status: int | None,
-    zone: str,
-    fallback_message: str,
-) -> ProviderError:
-    """Turn GCP's (code or reason, message, quota metric) triples into one typed error.
+def map_error(code: str, message: str, http_status: int | None = None) -> ProviderError:
+    """One GCP error (code or reason, message, HTTP status) -> a typed error.
 
-    The first triple that the table knows decides; unknown codes fall back on the HTTP
-    status (429 rate limited, 401/403 auth, 5xx transient, other 4xx invalid).
-    """
-    entries = list(codes)
-    for code, message, metric in entries:
-        key = _norm(code)
-        text = f"GCP {code} in {zone}: {message}"
-        if key in CAPACITY_CODES:
-            return CapacityError(text, scope=Scope.OFFERING, code=code)
-        if key in QUOTA_CODES:
-            is_global = any(q in (metric or message) for q in GLOBAL_QUOTAS)
-            return QuotaError(text, scope=Scope.PROVIDER if is_global else Scope.REGION, code=code)
-        if key in RATE_CODES:
-            return RateLimited(text, retry_after_s=10.0, code=code)
-        if key in NOT_FOUND_CODES:
-            return NotFound(text, code=code)
-    code, message = (entries[0][0], entries[0][1]) if entries else ("", fallback_message)
-    text = f"GCP error{f' {code}' if code else ''} in {zone}: {message}"
-    if http_status == 429:
-        return RateLimited(text, retry_after_s=10.0, code=code or "429")
+    Known codes decide; unknown ones fall back on the HTTP status (429 rate limited,
+    401/403 auth, 404 not found, 5xx or none transient, other 4xx invalid)."""
+    key = _norm(code)
+    if key in CAPACITY_CODES:
+        return CapacityError(message, scope=Scope.OFFERING, code=code)
+    if key in QUOTA_CODES:
+        is_global = any(q in message for q in GLOBAL_QUOTAS)
+        return QuotaError(message, scope=Scope.PROVIDER if is_global else Scope.REGION, code=code)
+    if key in RATE_CODES or http_status == 429:
+        return RateLimited(message, retry_after_s=10.0, code=code or "429")
+    if key in NOT_FOUND_CODES or http_status == 404:
+        return NotFound(message, code=code or "notFound")
     if http_status in (401, 403):
-        return AuthError(f"{text} (check the service account's roles; see docs/providers.md)", code=code)
-    if http_status == 404:
-        return NotFound(text, code=code or "notFound")
+        return AuthError(f"{message} (check the service account's roles; see docs/providers.md)", code=code)
     if http_status is None or http_status >= 500:
-        return TransientError(text, code=code)
-    return InvalidRequest(text, code=code)
+        return TransientError(message, code=code)
+    return InvalidRequest(message, code=code)
+
+
+def _known(code: str) -> bool:
+    return _norm(code) in CAPACITY_CODES | QUOTA_CODES | RATE_CODES | NOT_FOUND_CODES
+
+
+def from_errors(
+    errors: Iterable[tuple[str, str, str]], *, http_status: int | None, zone: str, fallback_message: str
+) -> ProviderError:
+    """GCP's list of (code or reason, message, quota metric) for one failure -> one typed
+    error: the first entry whose code is known decides, else the first entry."""
+    entries = list(errors)
+    chosen = next((e for e in entries if _known(e[0])), entries[0] if entries else ("", fallback_message, ""))
+    code, message, metric = chosen
+    if metric and metric not in message:
+        message = f"{message} ({metric})"
+    text = f"GCP {code} in {zone}: {message}" if code else f"GCP error in {zone}: {message}"
+    return map_error(code, text, http_status)
 
 
 def from_api_exception(exc: Exception, *, zone: str) -> ProviderError:
@@ -96,4 +98,4 @@ def from_api_exception(exc: Exception, *, zone: str) -> ProviderError:
         if isinstance(err, dict):
             triples.append((str(err.get("reason", "")), str(err.get("message", "")), ""))
     message = getattr(exc, "message", None) or str(exc)
-    return map_error(triples, http_status=http_status, zone=zone, fallback_message=str(message))
+    return from_errors(triples, http_status=http_status, zone=zone, fallback_message=str(message))

@@ -45,6 +45,7 @@ from typing import Any
 
 from providers.base import (
     Capabilities,
+    DriverOptions,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
@@ -133,6 +134,10 @@ def default_offering(simulated_gpus: Mapping[str, Any] | None) -> Offering:
     )
 
 
+class LocalOptions(DriverOptions):
+    """A local pool takes no `options:` (its GPUs and labels are pool fields); any key is a typo."""
+
+
 class LocalProvider:
     """See the module docstring."""
 
@@ -176,8 +181,6 @@ class LocalProvider:
         return list(self._catalog)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}")
         if not request.user_data:
             raise InvalidRequest(
                 "a local instance needs user-data with a join token: render it with "
@@ -193,10 +196,7 @@ class LocalProvider:
             problem = ensure_task_user(TASK_USER)
             if problem and os.geteuid() == 0:
                 log.warning("%s", problem)
-        out = []
-        for n in range(request.count):
-            iid = self._instance_id(request.request_id, n)
-            out.append(self._ensure_started(iid, request, bootstrap))
+        out = [self._ensure_started(self._instance_id(request.request_id, 0), request, bootstrap)]
         return out
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:

@@ -148,32 +148,21 @@ class SlurmProvider:
         return builtins.list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> builtins.list[ProviderInstance]:
-        if request.count < 1:
-            raise InvalidRequest(f"launch count must be at least 1, got {request.count}", code="InvalidCount")
         try:
             bootstrap = parse_user_data(request.user_data)
         except BootstrapError as exc:
             raise InvalidRequest(f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap") from None
         for d in (self.settings.state_dir, self.settings.log_dir, self.settings.work_dir):
             d.mkdir(parents=True, exist_ok=True)
-        queued: dict[str, QueuedJob] | None = None
-        out: builtins.list[ProviderInstance] = []
-        for index in range(request.count):
-            instance_id = self.instance_id(request.request_id, index)
-            record = self._read_record(instance_id)
-            if record is None:
-                if queued is None:
-                    queued = {j.name: j for j in self._squeue()}
-                job = queued.get(instance_id)
-                try:
-                    job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
-                except ProviderError:
-                    if out:
-                        break
-                    raise
-                record = self._write_record(request, instance_id, job_id)
-            out.append(self._record_view(record, InstanceStatus.PENDING))
-        return out
+        # Index 0: the job name keeps the form it had when a request could ask for
+        # several jobs, so jobs submitted before still match their request.
+        instance_id = self.instance_id(request.request_id, 0)
+        record = self._read_record(instance_id)
+        if record is None:
+            job = {j.name: j for j in self._squeue()}.get(instance_id)
+            job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
+            record = self._write_record(request, instance_id, job_id)
+        return [self._record_view(record, InstanceStatus.PENDING)]
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:
         out: builtins.list[ProviderInstance] = []
@@ -310,7 +299,7 @@ class SlurmProvider:
         except subprocess.TimeoutExpired:
             raise TransientError(f"{what} did not answer within 60 s", code="Timeout") from None
         if done.returncode != 0:
-            raise _map_error(what, done.stderr.strip() or done.stdout.strip())
+            raise map_error(what, done.stderr.strip() or done.stdout.strip())
         return done.stdout
 
     def _record_path(self, instance_id: str) -> Path:
@@ -356,14 +345,18 @@ class SlurmProvider:
         )
 
 
-def _map_error(what: str, stderr: str) -> ProviderError:
-    message = f"{what} failed: {stderr.splitlines()[-1] if stderr else 'no output'}"
+def map_error(code: str, message: str, http_status: int | None = None) -> ProviderError:
+    """A failed Slurm command (`code`: which one) and what it printed -> a typed error.
+
+    The same shape as the cloud drivers' `map_error`; Slurm has no error codes or HTTP
+    status, so its refusals are told apart by their words (`_ERRORS`)."""
+    text = f"{code} failed: {message.splitlines()[-1] if message else 'no output'}"
     for pattern, kind, scope in _ERRORS:
-        if pattern.search(stderr):
-            if kind in (TransientError,):
-                return TransientError(message, code="SlurmUnavailable")
-            return kind(message, scope=scope, code="Slurm")
-    return InvalidRequest(message, code="Slurm")
+        if pattern.search(message):
+            if kind is TransientError:
+                return TransientError(text, code="SlurmUnavailable")
+            return kind(text, scope=scope, code="Slurm")
+    return InvalidRequest(text, code="Slurm")
 
 
 def _parse_time(value: str) -> datetime | None:

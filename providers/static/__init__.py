@@ -9,9 +9,7 @@ nothing, so no code path can power off a machine someone else owns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from providers.base import (
     TAG_OWNER,
@@ -24,37 +22,7 @@ from providers.base import (
     ProviderInstance,
     Scope,
 )
-
-
-@dataclass(frozen=True)
-class StaticMachine:
-    name: str
-    gpus: int = 0
-    gpu_type: str | None = None
-
-    @classmethod
-    def parse(cls, raw: Any, index: int) -> StaticMachine:
-        if isinstance(raw, str):
-            return cls(raw)
-        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
-            raise InvalidRequest(
-                f"options.machines[{index}] must be a name or {{name, gpus, gpu_type}}",
-                scope=Scope.PROVIDER,
-                code="InvalidConfig",
-            )
-        unknown = sorted(set(raw) - {"name", "gpus", "gpu_type"})
-        if unknown:
-            raise InvalidRequest(
-                f"options.machines[{index}] has unknown key(s) {unknown}", scope=Scope.PROVIDER, code="InvalidConfig"
-            )
-        gpus = raw.get("gpus", 0)
-        if not isinstance(gpus, int) or gpus < 0:
-            raise InvalidRequest(
-                f"options.machines[{index}].gpus must be a whole number >= 0",
-                scope=Scope.PROVIDER,
-                code="InvalidConfig",
-            )
-        return cls(raw["name"], gpus, raw.get("gpu_type"))
+from providers.static.settings import StaticMachine, StaticOptions, StaticSettings
 
 
 class StaticProvider:
@@ -63,23 +31,9 @@ class StaticProvider:
     name = "static"
     capabilities = Capabilities(static=True)
 
-    def __init__(self, pool: str, owner: str, offerings: Sequence[Offering], options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - {"machines"})
-        if unknown:
-            raise InvalidRequest(
-                f"unknown static pool option(s) {unknown}; known: ['machines']",
-                scope=Scope.PROVIDER,
-                code="InvalidConfig",
-            )
-        raw = options.get("machines", [])
-        if not isinstance(raw, list):
-            raise InvalidRequest("options.machines must be a list", scope=Scope.PROVIDER, code="InvalidConfig")
-        self.machines = [StaticMachine.parse(m, i) for i, m in enumerate(raw)]
-        names = [m.name for m in self.machines]
-        if len(set(names)) != len(names):
-            raise InvalidRequest(
-                f"options.machines names must be unique: {names}", scope=Scope.PROVIDER, code="InvalidConfig"
-            )
+    def __init__(self, settings: StaticSettings, offerings: Sequence[Offering], *, pool: str, owner: str) -> None:
+        self.settings = settings
+        self.machines = list(settings.machines)
         self.pool = pool
         self.owner = owner
         self._offerings = list(offerings)
@@ -117,4 +71,4 @@ class StaticProvider:
         return None
 
 
-__all__ = ["StaticMachine", "StaticProvider"]
+__all__ = ["StaticMachine", "StaticOptions", "StaticProvider", "StaticSettings"]

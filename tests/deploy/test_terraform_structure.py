@@ -84,22 +84,24 @@ def test_no_password_or_static_credential(module: str) -> None:
 
 
 def test_gcp_pool_options_are_what_the_gcp_provider_accepts() -> None:
-    from providers.gcp.settings import _KNOWN
+    from providers.gcp.settings import GcpOptions
 
     config = _load("gcp")["module"][0]["config"]
     assert config["pool_options_provider"] == "gcp"
-    assert set(config["pool_options"]) <= _KNOWN
+    assert set(config["pool_options"]) <= set(GcpOptions.model_fields)
     assert config["pool_options"]["name_prefix"] == "${local.name}"  # the IAM condition keys on it
 
 
 def test_azure_pool_options_are_what_the_azure_provider_accepts() -> None:
-    from providers.azure.settings import _KNOWN
+    from providers.azure.settings import AzureOptions
 
     config = _load("azure")["module"][0]["config"]
     assert config["pool_options_provider"] == "azure"
-    assert set(config["pool_options"]) <= _KNOWN
-    # AzureSettings.from_options refuses a pool without these.
-    assert {"subscription_id", "resource_group", "subnet_id", "ssh_public_key"} <= set(config["pool_options"])
+    assert set(config["pool_options"]) <= set(AzureOptions.model_fields)
+    # The config loader refuses an Azure pool without the options AzureOptions requires.
+    required = {name for name, f in AzureOptions.model_fields.items() if f.is_required()}
+    assert required == {"subscription_id", "resource_group", "subnet_id", "ssh_public_key"}
+    assert required <= set(config["pool_options"])
 
 
 def test_gcp_control_plane_may_only_touch_its_own_vms() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from typing import Any
 
@@ -52,7 +53,7 @@ def make(moto: MotoEC2, *, attempts: int = 1, **options: Any) -> AwsProvider:
     settings = AwsSettings.from_options(REGION, {"endpoint_url": moto.url, **options}, image=AMI)
     session = SESSION
     config = Config(retries={"mode": "standard", "total_max_attempts": attempts})
-    return AwsProvider(settings, catalog=[G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config)
+    return AwsProvider(settings, [G5_SPOT, G5_OD, G4_SPOT, G4_OD], session=session, boto_config=config)
 
 
 def user_data() -> str:
@@ -71,15 +72,12 @@ def owner() -> str:
     return OWNER
 
 
-def req(
-    rid: str, offering: Offering = G5_SPOT, *, count: int = 1, owner: str | None = None, **kw: Any
-) -> LaunchRequest:
+def req(rid: str, offering: Offering = G5_SPOT, *, owner: str | None = None, **kw: Any) -> LaunchRequest:
     return LaunchRequest(
         request_id=rid,
         pool="gpu",
         owner=owner or OWNER,
         offering=offering,
-        count=count,
         user_data=user_data(),
         tags={TAG_TEAM: "vision"},
         **kw,
@@ -93,7 +91,10 @@ def subnets(moto: MotoEC2) -> dict[str, str]:
 
 @pytest.fixture(params=["fleet", "run_instances"])
 def aws(request: pytest.FixtureRequest, moto_ec2: MotoEC2) -> AwsProvider:
-    return make(moto_ec2, launch_api=request.param)
+    """Both launch paths: a fleet needs a choice (several subnets, offerings without a zone)."""
+    if request.param == "fleet":
+        return make(moto_ec2, launch_api="fleet", subnets=subnets(moto_ec2))
+    return make(moto_ec2, launch_api="run_instances")
 
 
 def tags_of(moto: MotoEC2, resource_id: str) -> dict[str, str]:
@@ -121,7 +122,7 @@ def test_spot_launch_tags_instance_and_volume(aws: AwsProvider, moto_ec2: MotoEC
 
 
 def test_on_demand_launch_list_by_owner_and_terminate(aws: AwsProvider) -> None:
-    mine = aws.launch(req("req-od-1", G5_OD, count=2))
+    mine = aws.launch(req("req-od-1", G5_OD)) + aws.launch(req("req-od-2", G5_OD))
     assert {i.capacity_type for i in mine} == {"on_demand"}
     aws.launch(req("req-other", G5_OD, owner=OWNER + "-other"))
     listed = aws.list(OWNER)
@@ -136,52 +137,61 @@ def test_on_demand_launch_list_by_owner_and_terminate(aws: AwsProvider) -> None:
     assert len(aws.list(OWNER + "-other")) == 1
 
 
-def test_fleet_spreads_over_types_and_subnets_with_mixed_capacity(moto_ec2: MotoEC2) -> None:
+def test_fleet_spreads_an_offering_without_a_zone_over_the_subnets(moto_ec2: MotoEC2) -> None:
     by_zone = subnets(moto_ec2)
     aws = make(moto_ec2, launch_api="fleet", subnets=by_zone)
-    spot = aws.launch(
-        req(
-            "req-fleet-spot",
-            G5_SPOT,
-            count=3,
-            alternatives=[G4_SPOT, G4_OD],
-            zones=["us-east-1a", "us-east-1b"],
-        )
-    )
-    on_demand = aws.launch(req("req-fleet-od", G4_OD, count=2, zones=["us-east-1a"]))
-    assert len(spot) == 3 and len(on_demand) == 2
-    (fleet_call, _) = moto_ec2.calls("CreateFleet")
+    [spot] = aws.launch(req("req-fleet-spot", G5_SPOT))
+    [on_demand] = aws.launch(req("req-fleet-od", G4_OD))
+    (fleet_call, od_call) = moto_ec2.calls("CreateFleet")
     p = fleet_call.params
     assert p["Type"] == "instant"
     assert p["SpotOptions.AllocationStrategy"] == "price-capacity-optimized"
     assert p["TargetCapacitySpecification.DefaultTargetCapacityType"] == "spot"
+    assert p["TargetCapacitySpecification.TotalTargetCapacity"] == "1"
     overrides = {
-        (
-            p[f"LaunchTemplateConfigs.1.Overrides.{n}.InstanceType"],
-            p[f"LaunchTemplateConfigs.1.Overrides.{n}.SubnetId"],
-        )
-        for n in range(1, 5)
+        (p[f"LaunchTemplateConfigs.1.Overrides.{n}.InstanceType"], p[f"LaunchTemplateConfigs.1.Overrides.{n}.SubnetId"])
+        for n in range(1, len(by_zone) + 1)
     }
-    assert overrides == {(t, by_zone[z]) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")}
-    assert "LaunchTemplateConfigs.1.Overrides.5.InstanceType" not in p, "on-demand alternatives stay out"
-    assert moto_ec2.calls("CreateFleet")[1].params["OnDemandOptions.AllocationStrategy"] == "lowest-price"
+    assert overrides == {("g5.xlarge", s) for s in by_zone.values()}, "one type (the planner's), every subnet"
+    assert f"LaunchTemplateConfigs.1.Overrides.{len(by_zone) + 1}.InstanceType" not in p
+    assert od_call.params["OnDemandOptions.AllocationStrategy"] == "lowest-price"
     listed = {i.instance_id: i for i in aws.list(OWNER)}
-    assert {listed[i.instance_id].capacity_type for i in spot} == {"spot"}
-    assert {listed[i.instance_id].capacity_type for i in on_demand} == {"on_demand"}
-    assert {listed[i.instance_id].zone for i in on_demand} == {"us-east-1a"}
-    assert {listed[i.instance_id].zone for i in spot} <= {"us-east-1a", "us-east-1b"}
+    assert listed[spot.instance_id].capacity_type == "spot"
+    assert listed[on_demand.instance_id].capacity_type == "on_demand"
+    assert listed[spot.instance_id].zone in by_zone
     # The per-launch template (which held the user-data) is gone after the call.
     assert moto_ec2.client().describe_launch_templates()["LaunchTemplates"] == []
+
+
+@pytest.mark.parametrize("where", ["an offering's zone", "one subnet", "the default VPC"])
+def test_a_launch_with_no_placement_choice_is_one_run_instances_call(moto_ec2: MotoEC2, where: str) -> None:
+    by_zone = subnets(moto_ec2)
+    options: dict[str, Any] = {"launch_api": "fleet"}
+    offering = G4_OD
+    if where == "an offering's zone":
+        options["subnets"] = by_zone
+        offering = Offering("g4dn.xlarge", "on_demand", "us-east-1b", 1, "T4", 4, 16384, 0.526, region=REGION)
+    elif where == "one subnet":
+        options["subnets"] = [by_zone["us-east-1a"]]
+    aws = make(moto_ec2, **options)
+    moto_ec2.clear()
+    [inst] = aws.launch(req("req-single", offering))
+    actions = [c.action for c in moto_ec2.calls()]
+    assert actions.count("RunInstances") == 1
+    assert not {"CreateFleet", "CreateLaunchTemplate", "DeleteLaunchTemplate"} & set(actions), actions
+    if where != "the default VPC":
+        expected = "us-east-1b" if where == "an offering's zone" else "us-east-1a"
+        assert {i.zone for i in aws.list(OWNER) if i.instance_id == inst.instance_id} == {expected}
 
 
 # ---- idempotency -------------------------------------------------------------------
 
 
 def test_same_request_id_twice_yields_one_instance(aws: AwsProvider, moto_ec2: MotoEC2) -> None:
-    first = aws.launch(req("req-idem-1", count=2))
-    again = aws.launch(req("req-idem-1", count=2))
+    first = aws.launch(req("req-idem-1"))
+    again = aws.launch(req("req-idem-1"))
     assert sorted(i.instance_id for i in again) == sorted(i.instance_id for i in first)
-    assert len(aws.list(OWNER)) == 2
+    assert len(aws.list(OWNER)) == 1
     launches = len(moto_ec2.calls("RunInstances")) + len(moto_ec2.calls("CreateFleet"))
     assert launches == 1, "the request-id tag was found before calling EC2 again"
 
@@ -273,7 +283,7 @@ def test_launch_errors_map_to_typed_errors(
 
 
 def test_instant_fleet_errors_reported_in_the_body(moto_ec2: MotoEC2) -> None:
-    aws = make(moto_ec2, launch_api="fleet")
+    aws = make(moto_ec2, launch_api="fleet", subnets=subnets(moto_ec2))
     moto_ec2.arm("CreateFleet", "InsufficientInstanceCapacity", "no g5 in us-east-1a", in_body=True)
     with pytest.raises(CapacityError) as info:
         aws.launch(req("req-body"))
@@ -303,7 +313,7 @@ def test_unreachable_endpoint_is_transient() -> None:
     session = SESSION
     aws = AwsProvider(
         settings,
-        catalog=[],
+        [],
         session=session,
         boto_config=Config(retries={"total_max_attempts": 1}, connect_timeout=1),
     )
@@ -344,21 +354,23 @@ def test_spot_prices_from_history_with_catalog_fallback(moto_ec2: MotoEC2) -> No
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"subnet": ["s"]}, "unknown AWS option"),
-        ({"subnets": "subnet-1"}, "list of subnet ids"),
-        ({"launch_api": "spot_fleet"}, "'fleet' or 'run_instances'"),
-        ({"max_attempts": 0}, "positive integer"),
+        ({"subnet": ["s"]}, "options.subnet: unknown option; did you mean 'subnets'?"),
+        ({"subnets": "subnet-1"}, "options.subnets"),
+        ({"launch_api": "spot_fleet"}, "options.launch_api: Input should be 'fleet' or 'run_instances'"),
+        ({"max_attempts": 0}, "options.max_attempts: Input should be greater than or equal to 1"),
+        ({"region": "us-west-2"}, "options.region: unknown option"),
     ],
 )
 def test_settings_refuse_bad_options(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)) as caught:
         AwsSettings.from_options(REGION, options)
+    assert "\n" not in caught.value.message and caught.value.message.startswith("invalid AWS pool options.")
 
 
 def test_launch_without_an_image_says_what_to_do(moto_ec2: MotoEC2) -> None:
     settings = AwsSettings.from_options(REGION, {"endpoint_url": moto_ec2.url})
     session = SESSION
-    aws = AwsProvider(settings, catalog=[], session=session)
+    aws = AwsProvider(settings, [], session=session)
     with pytest.raises(InvalidRequest, match="has no AMI: set `image`"):
         aws.launch(req("r"))
 

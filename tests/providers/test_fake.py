@@ -23,13 +23,12 @@ SPOT = Offering("g.1", "spot", "z-a", 1, "A10G", 4, 16000, 0.4)
 OD = Offering("g.1", "on_demand", "z-a", 1, "A10G", 4, 16000, 1.0)
 
 
-def req(request_id: str, offering: Offering = SPOT, count: int = 1, owner: str = "test") -> LaunchRequest:
+def req(request_id: str, offering: Offering = SPOT, owner: str = "test") -> LaunchRequest:
     return LaunchRequest(
         request_id=request_id,
         pool="gpu",
         owner=owner,
         offering=offering,
-        count=count,
         tags={"autoscaler-team": "vision"},
     )
 
@@ -50,10 +49,10 @@ def test_satisfies_the_protocol(fake: FakeProvider) -> None:
 
 
 def test_launch_is_idempotent_by_request_id(fake: FakeProvider) -> None:
-    first = fake.launch(req("r1", count=2))
-    again = fake.launch(req("r1", count=2))
+    first = fake.launch(req("r1"))
+    again = fake.launch(req("r1"))
     assert [i.instance_id for i in first] == [i.instance_id for i in again]
-    assert len(fake.instances) == 2
+    assert len(fake.instances) == 1
     assert {i.request_id for i in first} == {"r1"}
     assert first[0].tags["autoscaler-team"] == "vision"
     assert first[0].tags["autoscaler-request-id"] == "r1"
@@ -116,10 +115,10 @@ def test_fault_on_terminate_and_list(fake: FakeProvider) -> None:
     assert fake.list("test") == []
 
 
-def test_capacity_limit_gives_partial_then_capacity_error(fake: FakeProvider) -> None:
-    fake.set_capacity(SPOT.key, 3)
-    assert len(fake.launch(req("a", count=2))) == 2
-    assert len(fake.launch(req("b", count=2))) == 1, "like an instant fleet: fewer than asked"
+def test_capacity_limit_then_capacity_error(fake: FakeProvider) -> None:
+    fake.set_capacity(SPOT.key, 2)
+    assert len(fake.launch(req("a"))) == 1
+    assert len(fake.launch(req("b"))) == 1
     with pytest.raises(CapacityError) as err:
         fake.launch(req("c"))
     assert err.value.scope is Scope.OFFERING

@@ -41,9 +41,7 @@ def launch_with_token(moto: MotoEC2, server_url: str, token: str) -> str:
         REGION, {"endpoint_url": moto.url, "launch_api": "run_instances"}, image="ami-03cf127a"
     )
     session = boto3.session.Session(region_name=REGION, **TEST_CREDENTIALS)
-    aws = AwsProvider(
-        settings, catalog=[OFFERING], session=session, boto_config=Config(retries={"total_max_attempts": 1})
-    )
+    aws = AwsProvider(settings, [OFFERING], session=session, boto_config=Config(retries={"total_max_attempts": 1}))
     spec = BootstrapSpec(server_url=server_url, pool=POOL, provider="aws", join_token=token)
     (inst,) = aws.launch(
         LaunchRequest(

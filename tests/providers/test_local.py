@@ -42,9 +42,9 @@ def user_data() -> str:
     )
 
 
-def request(rid: str, owner: str = "test", count: int = 1) -> LaunchRequest:
+def request(rid: str, owner: str = "test") -> LaunchRequest:
     return LaunchRequest(
-        request_id=rid, pool="cpu", owner=owner, offering=default_offering(None), count=count, user_data=user_data()
+        request_id=rid, pool="cpu", owner=owner, offering=default_offering(None), user_data=user_data()
     )
 
 
@@ -106,12 +106,12 @@ def test_launch_writes_the_bootstrap_and_starts_a_process(local: LocalProvider) 
 
 
 def test_same_request_id_starts_nothing_new(local: LocalProvider) -> None:
-    first = local.launch(request("r1", count=2))
-    again = local.launch(request("r1", count=2))
+    first = local.launch(request("r1"))
+    again = local.launch(request("r1"))
     assert [i.instance_id for i in first] == [i.instance_id for i in again]
-    pids = {LocalRecord.load(local.instance_dir(i.instance_id) / "instance.json").pid for i in first}
-    assert len(pids) == 2
-    assert len(local.list("test")) == 2
+    pids = {LocalRecord.load(local.instance_dir(i.instance_id) / "instance.json").pid for i in first + again}
+    assert len(pids) == 1, "the second call started no second process"
+    assert len(local.list("test")) == 1
 
 
 def test_instances_survive_a_control_plane_restart(tmp_path: Path, local: LocalProvider) -> None:

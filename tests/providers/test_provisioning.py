@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from autoscaler.config import PoolConfig
 from autoscaler.errors import ConfigError, MissingExtra
@@ -69,9 +70,12 @@ def test_builds_aws_and_reports_bad_options(tmp_path: Path) -> None:
         home=tmp_path,
     )
     assert isinstance(aws, AwsProvider)
-    assert aws.settings.image == "ami-1" and not aws.capabilities.fleets
-    with pytest.raises(ConfigError, match=r"pool 'gpu': unknown AWS option\(s\) subnet;"):
-        build_provider(pool(provider="aws", options={"subnet": ["s-1"]}), deployment="test", home=tmp_path)
+    assert aws.settings.image == "ami-1" and aws.settings.launch_api == "run_instances"
+    with pytest.raises(ValidationError, match=r"unknown option; did you mean 'subnets'\?"):
+        pool(provider="aws", options={"subnet": ["s-1"]})
+    unchecked = pool(provider="aws").model_copy(update={"options": {"subnet": ["s-1"]}})
+    with pytest.raises(ConfigError, match=r"pool 'gpu': invalid AWS pool options.subnet: unknown option"):
+        build_provider(unchecked, deployment="test", home=tmp_path)
 
 
 def test_missing_sdk_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

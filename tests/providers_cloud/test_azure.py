@@ -60,13 +60,12 @@ def make_provider(fake: AzureArmFake, **options: Any) -> AzureProvider:
     )
 
 
-def request(request_id: str, offering: Offering = T4_SPOT, count: int = 1, **kw: Any) -> LaunchRequest:
+def request(request_id: str, offering: Offering = T4_SPOT, **kw: Any) -> LaunchRequest:
     return LaunchRequest(
         request_id=request_id,
         pool="azure-gpu",
         owner=kw.pop("owner", "test"),
         offering=offering,
-        count=count,
         user_data=BOOTSTRAP,
         tags={"autoscaler-team": "vision"},
         **kw,
@@ -104,10 +103,10 @@ def test_spot_launch_body_tags_custom_data_and_nic(azure_fake: AzureArmFake) -> 
     assert inst.status == InstanceStatus.RUNNING and inst.capacity_type == "spot" and inst.zone == "1"
 
 
-def test_regular_launch_and_explicit_spot_price(azure_fake: AzureArmFake) -> None:
-    provider = make_provider(azure_fake)
+def test_regular_launch_and_the_pool_s_spot_price(azure_fake: AzureArmFake) -> None:
+    provider = make_provider(azure_fake, max_price=0.2)
     provider.launch(request("reg-1", T4_REGULAR))
-    provider.launch(request("bid-1", max_spot_price=0.2))
+    provider.launch(request("bid-1"))
     regular, bid = (b["properties"] for b in vm_puts(azure_fake))
     assert regular["priority"] == "Regular"
     assert "evictionPolicy" not in regular and "billingProfile" not in regular
@@ -129,16 +128,16 @@ def test_list_by_owner_tag(azure_fake: AzureArmFake) -> None:
 
 def test_same_request_id_is_idempotent(azure_fake: AzureArmFake) -> None:
     provider = make_provider(azure_fake)
-    first = provider.launch(request("idem-1", count=2))
-    again = provider.launch(request("idem-1", count=2))
+    first = provider.launch(request("idem-1"))
+    again = provider.launch(request("idem-1"))
     assert [i.instance_id for i in first] == [i.instance_id for i in again]
-    assert len(azure_fake.vms) == 2 and len(azure_fake.nics) == 2
-    assert len(vm_puts(azure_fake)) == 2  # the retry found the VMs by name
+    assert len(azure_fake.vms) == 1 and len(azure_fake.nics) == 1
+    assert len(vm_puts(azure_fake)) == 1  # the retry found the VM by name
 
 
 def test_terminate_deletes_vm_with_disk_and_nic_and_gone_is_success(azure_fake: AzureArmFake) -> None:
     provider = make_provider(azure_fake)
-    ids = [i.instance_id for i in provider.launch(request("del-1", count=2))]
+    ids = [i.instance_id for i in provider.launch(request("del-1")) + provider.launch(request("del-2"))]
     provider.terminate(ids)
     assert provider.list("test") == []
     assert azure_fake.vms == {} and azure_fake.nics == {} and azure_fake.disks == set()
@@ -223,14 +222,14 @@ def test_failed_vm_left_behind_is_deleted_then_relaunch_works(azure_fake: AzureA
 
 
 def test_bad_pool_options_are_one_line_errors() -> None:
-    with pytest.raises(InvalidRequest, match=r"needs options.resource_group") as info:
+    with pytest.raises(InvalidRequest, match=r"invalid Azure pool options.resource_group: Field required") as info:
         AzureSettings.from_options(
             {"subscription_id": "s", "subnet_id": SUBNET_ID, "ssh_public_key": "k"},
             region="eastus",
             image=IMAGE,
         )
     assert "\n" not in info.value.message
-    with pytest.raises(InvalidRequest, match="full resource id"):
+    with pytest.raises(InvalidRequest, match=r"options.subnet_id: Value error, must be a full resource id"):
         AzureSettings.from_options(
             {"subscription_id": "s", "resource_group": "rg", "subnet_id": "workers", "ssh_public_key": "k"},
             region="eastus",

@@ -42,13 +42,12 @@ def make_provider(fake: GcpComputeFake, **options: object) -> GcpProvider:
     return GcpProvider(settings, [T4_SPOT, A100_OD], credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
 
 
-def request(request_id: str, offering: Offering = T4_SPOT, count: int = 1, owner: str = "test") -> LaunchRequest:
+def request(request_id: str, offering: Offering = T4_SPOT, owner: str = "test") -> LaunchRequest:
     return LaunchRequest(
         request_id=request_id,
         pool="gcp-gpu",
         owner=owner,
         offering=offering,
-        count=count,
         user_data=BOOTSTRAP,
         tags={"autoscaler-team": "Vision.Research"},
     )
@@ -119,23 +118,23 @@ def test_list_is_aggregated_across_zones_and_filtered_by_owner(gcp_fake: GcpComp
 
 def test_same_request_id_is_idempotent(gcp_fake: GcpComputeFake) -> None:
     provider = make_provider(gcp_fake)
-    first = provider.launch(request("retry-1", count=2))
-    again = provider.launch(request("retry-1", count=2))
+    first = provider.launch(request("retry-1"))
+    again = provider.launch(request("retry-1"))
     assert [i.instance_id for i in first] == [i.instance_id for i in again]
-    assert len(gcp_fake.live()) == 2
+    assert len(gcp_fake.live()) == 1
     request_ids = [r.query["requestId"] for r in gcp_fake.requests_matching("POST", "/instances")]
-    assert len(request_ids) == 4 and set(request_ids[:2]) == set(request_ids[2:])
+    assert len(request_ids) == 2 and request_ids[0] == request_ids[1]
 
     # After GCP forgot the requestId (it keeps them about an hour), the deterministic
     # name still prevents a duplicate: `alreadyExists` is success.
     gcp_fake.by_request_id.clear()
-    assert [i.instance_id for i in provider.launch(request("retry-1", count=2))] == [i.instance_id for i in first]
-    assert len(gcp_fake.live()) == 2
+    assert [i.instance_id for i in provider.launch(request("retry-1"))] == [i.instance_id for i in first]
+    assert len(gcp_fake.live()) == 1
 
 
 def test_terminate_deletes_and_a_gone_instance_is_success(gcp_fake: GcpComputeFake) -> None:
     provider = make_provider(gcp_fake)
-    ids = [i.instance_id for i in provider.launch(request("del-1", count=2))]
+    ids = [i.instance_id for i in provider.launch(request("del-1")) + provider.launch(request("del-2"))]
     provider.terminate(ids)
     assert provider.list("test") == []
     provider.terminate(ids)  # 404 notFound: already gone
@@ -183,21 +182,22 @@ def test_error_codes_map_to_typed_errors_with_scope(
     assert provider.list("test") == []  # a failed create leaves nothing behind
 
 
-def test_capacity_error_on_a_later_instance_keeps_the_first(gcp_fake: GcpComputeFake) -> None:
-    provider = make_provider(gcp_fake)
-    gcp_fake.fail_insert("ZONE_RESOURCE_POOL_EXHAUSTED", after=1)
-    launched = provider.launch(request("partial-1", count=3))
-    assert len(launched) == 1 and len(gcp_fake.live()) == 1
-    # Nothing was tried after the zone ran dry.
-    assert len(gcp_fake.requests_matching("POST", "/instances")) == 2
-
-
 def test_bad_pool_options_are_one_line_errors() -> None:
-    with pytest.raises(InvalidRequest, match=r"needs options.project") as info:
+    with pytest.raises(InvalidRequest, match=r"invalid GCP pool options.project: Field required") as info:
         GcpSettings.from_options({}, region="us-central1", zones=ZONES, image=IMAGE)
     assert "\n" not in info.value.message
-    with pytest.raises(InvalidRequest, match=r"unknown GCP pool option\(s\) \['projet'\]"):
+    with pytest.raises(InvalidRequest, match=r"options.projet: unknown option; did you mean 'project'\?"):
         GcpSettings.from_options({"projet": "x"}, region="us-central1", zones=ZONES, image=IMAGE)
+    with pytest.raises(InvalidRequest, match=r"options.spot_termination_action: Input should be 'DELETE' or 'STOP'"):
+        GcpSettings.from_options(
+            {"project": "p", "spot_termination_action": "hibernate"}, region="r", zones=ZONES, image=IMAGE
+        )
+    assert (
+        GcpSettings.from_options(
+            {"project": "p", "spot_termination_action": "stop"}, region="r", zones=ZONES, image=IMAGE
+        ).spot_termination_action
+        == "STOP"
+    )
     with pytest.raises(InvalidRequest, match="at least one zone"):
         GcpSettings.from_options({"project": "p"}, region="us-central1", zones=[], image=IMAGE)
 

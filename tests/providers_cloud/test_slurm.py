@@ -95,8 +95,8 @@ def _own_owner(request: pytest.FixtureRequest) -> None:
     OWNER = "t-" + request.node.name.split("[")[0][-30:]
 
 
-def request(request_id: str, offering: Offering = ONE_GPU, owner: str = "", count: int = 1) -> LaunchRequest:
-    return LaunchRequest(request_id, "slurm-gpu", owner or OWNER, offering, count=count, user_data=user_data())
+def request(request_id: str, offering: Offering = ONE_GPU, owner: str = "") -> LaunchRequest:
+    return LaunchRequest(request_id, "slurm-gpu", owner or OWNER, offering, user_data=user_data())
 
 
 def test_launch_submits_a_gpu_job_that_runs_the_agent_with_its_bootstrap(
@@ -132,12 +132,12 @@ def test_launch_submits_a_gpu_job_that_runs_the_agent_with_its_bootstrap(
 
 def test_same_request_id_submits_once(slurm: Any, slurm_cluster: SlurmCluster) -> None:
     provider = slurm()
-    first = provider.launch(request("idem-s", count=2))
-    again = provider.launch(request("idem-s", count=2))
+    first = provider.launch(request("idem-s"))
+    again = provider.launch(request("idem-s"))
     assert [i.tags["slurm-job-id"] for i in first] == [i.tags["slurm-job-id"] for i in again]
     # Crash between sbatch and the record: the queued job is found by name.
     (provider.settings.state_dir / f"{first[0].instance_id}.json").unlink()
-    third = provider.launch(request("idem-s", count=2))
+    third = provider.launch(request("idem-s"))
     assert [i.tags["slurm-job-id"] for i in third] == [i.tags["slurm-job-id"] for i in first]
     names = slurm_cluster.run("squeue", "--noheader", "--format=%j").split()
     assert sorted(n for n in names if n.startswith(provider.instance_id("idem-s", 0)[:-1])) == sorted(
@@ -179,5 +179,5 @@ def test_sbatch_refusals_are_typed(slurm: Any) -> None:
 def test_bad_bootstrap_and_options_are_one_line_errors(slurm: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="user-data"):
         slurm().launch(LaunchRequest("no-bootstrap", "slurm-gpu", OWNER, ONE_GPU, user_data="not: cloud-init"))
-    with pytest.raises(InvalidRequest, match=r"unknown Slurm pool option\(s\) \['partiton'\]"):
+    with pytest.raises(InvalidRequest, match=r"options.partiton: unknown option; did you mean 'partition'\?"):
         SlurmSettings.from_options({"partiton": "gpu"}, home=tmp_path, pool="p", boot_timeout_s=1)

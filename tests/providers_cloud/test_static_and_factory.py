@@ -13,7 +13,7 @@ from providers.azure import AzureProvider
 from providers.base import InstanceStatus, InvalidRequest, LaunchRequest
 from providers.gcp import GcpProvider
 from providers.slurm import SlurmProvider
-from providers.static import StaticProvider
+from providers.static import StaticProvider, StaticSettings
 
 CONFIG = """
 deployment: hybrid
@@ -60,10 +60,36 @@ def test_factory_builds_each_provider(tmp_path: Path) -> None:
     assert isinstance(azure, AzureProvider) and azure.settings.resource_group == "rg"
 
 
+@pytest.mark.parametrize(
+    ("bad", "where", "problem"),
+    [
+        ("projet: proj-1", "pools.2.options.projet", "unknown option; did you mean 'project'?"),
+        ("partition: gpu,", "pools.1.options.partition", "Input should be a valid string"),
+        ("dgx-02]}", "pools.0.options.machines.1.gpus", "Input should be greater than or equal to 0"),
+        ("ssh_public_key: k,", "pools.3.options.ssh_public_key", "Field required"),
+    ],
+)
+def test_a_bad_pool_option_is_a_config_error_at_its_key_path(bad: str, where: str, problem: str) -> None:
+    replacement = {
+        "projet: proj-1": ("project: proj-1", "projet: proj-1"),
+        "partition: gpu,": ("partition: gpu,", "partition: [gpu],"),
+        "dgx-02]}": ("dgx-02]}", "{name: dgx-02, gpus: -1}]}"),
+        "ssh_public_key: k,": ("ssh_public_key: k,", ""),
+    }[bad]
+    with pytest.raises(ConfigError) as info:
+        parse_config(CONFIG.replace(*replacement), Path("hybrid.yaml"))
+    lines = [line.strip() for line in str(info.value).splitlines()]
+    assert any(line.startswith(f"at {where}: {problem}") for line in lines), lines
+
+
 def test_factory_turns_bad_options_into_one_line_config_errors(tmp_path: Path) -> None:
-    config = parse_config(CONFIG.replace("project: proj-1", "projet: proj-1"), Path("hybrid.yaml"))
-    with pytest.raises(ConfigError, match=r"pool 'gcp-gpu': unknown GCP pool option\(s\) \['projet'\]") as info:
-        build_provider(config.pools[2], deployment="hybrid", home=tmp_path)
+    config = parse_config(CONFIG, Path("hybrid.yaml"))
+    # Options that skipped the config's check (a pool built in code) still meet the driver's.
+    unchecked = config.pools[2].model_copy(update={"options": {"projet": "proj-1"}})
+    with pytest.raises(
+        ConfigError, match=r"^pool 'gcp-gpu': invalid GCP pool .*options.projet: unknown option"
+    ) as info:
+        build_provider(unchecked, deployment="hybrid", home=tmp_path)
     assert "\n" not in str(info.value)
 
 
@@ -83,7 +109,12 @@ def test_static_pool_lists_declared_machines_and_never_launches_or_terminates(tm
 
 
 def test_static_machines_are_validated() -> None:
-    with pytest.raises(InvalidRequest, match=r"machines\[0\].gpus must be a whole number"):
-        StaticProvider("p", "o", [], {"machines": [{"name": "a", "gpus": -1}]})
-    with pytest.raises(InvalidRequest, match="unique"):
-        StaticProvider("p", "o", [], {"machines": ["a", "a"]})
+    with pytest.raises(InvalidRequest, match=r"options.machines.0.gpus: Input should be greater than or equal to 0"):
+        StaticSettings.from_options({"machines": [{"name": "a", "gpus": -1}]})
+    with pytest.raises(InvalidRequest, match="machine names must be unique"):
+        StaticSettings.from_options({"machines": ["a", "a"]})
+    with pytest.raises(InvalidRequest, match=r"options.machines.0.gpu: unknown option; did you mean 'gpus'\?"):
+        StaticSettings.from_options({"machines": [{"name": "a", "gpu": 1}]})
+    settings = StaticSettings.from_options({"machines": ["a", {"name": "b", "gpus": 4}]})
+    provider = StaticProvider(settings, [], pool="p", owner="o")
+    assert [(m.name, m.gpus) for m in provider.machines] == [("a", 0), ("b", 4)]

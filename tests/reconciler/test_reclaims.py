@@ -18,7 +18,7 @@ from autoscaler.state.models import DecisionRecord, InstanceEvent
 from providers.base import Capabilities, InterruptionEvent
 from tests.reconciler.harness import Rig
 
-GCP_LIKE = Capabilities(spot=True, fleets=False, interruption_events=False)
+GCP_LIKE = Capabilities(interruption_events=False)
 
 
 def _history(rig: Rig, inst_id: str) -> list[tuple[str | None, str, str]]:

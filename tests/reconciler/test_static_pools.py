@@ -97,7 +97,7 @@ def test_build_providers_includes_static_pools_and_reports_bad_machines(
     assert [m.name for m in onprem.machines] == ["onprem-01", "onprem-02"]
     bad = static_config.model_copy(deep=True)
     bad.pools[0].options = {"machines": [{"name": "x", "gpu": 8}]}
-    with pytest.raises(ConfigError, match=r"pool 'onprem': options.machines\[0\] has unknown key"):
+    with pytest.raises(ConfigError, match=r"pool 'onprem': invalid static pool options.machines.0.gpu: unknown option"):
         build_providers(bad, SimpleNamespace(home=tmp_path))  # type: ignore[arg-type]
 
 
