@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.errors import Conflict
 from autoscaler.ledger.attempts import close_attempt, open_attempt
+from autoscaler.state.lifecycle import note
 from autoscaler.state.models import Task, TaskEvent
 
 
@@ -91,6 +92,20 @@ def transition(
             worker_id=task.worker_id,
             detail=detail[:2000],
         )
+    )
+    note(
+        session,
+        "task %s (team %s, attempt %d): %s -> %s: %s%s",
+        task.id,
+        task.team,
+        task.attempts,
+        current.value,
+        to.value,
+        reason,
+        f" ({detail[:200]})" if detail else "",
+        task_id=task.id,
+        team=task.team,
+        worker_id=task.worker_id,
     )
     if current in ACTIVE and to not in ACTIVE:
         close_attempt(session, task, now=now)

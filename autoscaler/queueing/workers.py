@@ -30,6 +30,7 @@ from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
 from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
+from autoscaler.state.lifecycle import note
 from autoscaler.state.models import ApiToken, Instance, InstanceEvent, Task, Worker
 
 LIVE_STATES = ("idle", "busy", "draining")
@@ -354,6 +355,17 @@ def _new_worker(session: Session, reg: Registration, *, now: datetime, launch: I
         instance = launch
     if instance is not None:
         instance.worker_id = worker.id
+    note(
+        session,
+        "worker %s (%s, pool %s, %d GPU(s)) registered%s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        worker.gpu_count,
+        f" for instance {instance.id}" if instance is not None else "",
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     plaintext, _ = create_token(session, kind="worker", now=now, pool=reg.pool, worker_id=worker.id)
     return worker, plaintext
 
@@ -449,6 +461,17 @@ def drain(
     worker.state = "draining"
     worker.drain_deadline = now + timedelta(seconds=deadline_s)
     worker.drain_reason = reason
+    note(
+        session,
+        "worker %s (%s, pool %s) draining within %.0f s: %s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        deadline_s,
+        reason,
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     return worker
 
 
@@ -544,6 +567,17 @@ def _go(session: Session, worker: Worker, *, now: datetime, reason: str, lost: b
     worker.state = "gone"
     worker.gone_at = now
     worker.gone_reason = reason
+    note(
+        session,
+        "worker %s (%s, pool %s) gone: %s%s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        reason,
+        f"; {len(tasks)} task(s) interrupted" if tasks else "",
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     if worker.drain_reason == SPOT and reason != "re-registered":
         _reclaimed(session, worker, now=now)
     return tasks

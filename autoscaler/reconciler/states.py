@@ -12,6 +12,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from autoscaler.errors import Conflict
+from autoscaler.state.lifecycle import note
 from autoscaler.state.models import Instance, InstanceEvent
 
 
@@ -91,6 +92,19 @@ def transition(session: Session, inst: Instance, to: InstanceState, *, reason: s
         raise Conflict(f"instance {inst.id} is {current.value}; it cannot become {to.value}")
     session.add(
         InstanceEvent(instance_id=inst.id, at=now, from_state=current.value, to_state=to.value, reason=reason[:255])
+    )
+    note(
+        session,
+        "instance %s (pool %s%s): %s -> %s: %s",
+        inst.id,
+        inst.pool,
+        f", {inst.provider_instance_id}" if inst.provider_instance_id else "",
+        current.value,
+        to.value,
+        reason,
+        instance_id=inst.id,
+        pool=inst.pool,
+        team=inst.team,
     )
     inst.state = to.value
     inst.updated_at = now
