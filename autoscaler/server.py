@@ -239,6 +239,8 @@ def serve(
     url = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     announce(f"autoscaler control plane at {url}")
     announce(f"admin token: {runtime.info['admin_token_file']}")
+    for warning in config.warnings():
+        announce(f"warning: {warning}")
     (runtime.home / SERVER_URL_FILE).write_text(url + "\n")
     runtime.scheduler.start()
     try:

@@ -48,6 +48,7 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
         if principal.is_admin:
             # An admin enqueues for a named team, or for the catch-all team "default".
             team = body.team or "default"
+            ctx.config.check_team(team)
         else:
             if body.team and body.team != principal.team:
                 raise Forbidden(f"a {principal.team} token cannot enqueue for team {body.team}")
@@ -81,6 +82,8 @@ def list_tasks(
             if team and team != principal.team:
                 return []
             team = principal.team
+        elif team:
+            ctx.config.check_team(team)
         if team:
             stmt = stmt.where(Task.team == team)
         if queue:
