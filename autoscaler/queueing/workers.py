@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
+from autoscaler.queueing import gpu_samples
 from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
@@ -398,7 +399,10 @@ def heartbeat(
     preempted: bool = False,
     preempt_reason: str = "",
     preempt_deadline: datetime | None = None,
+    gpu_sample_interval_s: float | None = None,
 ) -> HeartbeatReply:
+    """Record the worker alive; with `gpu_sample_interval_s`, its GPU figures are also kept
+    as history (at most one sample per that interval; None: only the latest is kept)."""
     worker = get_worker(session, worker_id, lock=True)
     if worker.state == "gone":
         # The server gave up on this worker (missed heartbeats): its tasks were
@@ -418,6 +422,8 @@ def heartbeat(
         worker.drain_reason = "agent"
     if gpu_metrics is not None:
         worker.gpu_metrics = gpu_metrics[:64]
+        if gpu_sample_interval_s is not None:
+            gpu_samples.record(session, worker_id, gpu_metrics[:64], now=now, interval_s=gpu_sample_interval_s)
     tasks = list(
         session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
     )

@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from autoscaler.admission.why_db import team_standing, why_task
@@ -25,11 +26,12 @@ from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
 from autoscaler.notify.deliver import delivery_rows
+from autoscaler.queueing import gpu_samples
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
 from autoscaler.web import views
-from autoscaler.web.charts import line_chart
+from autoscaler.web.charts import Series, line_chart
 from autoscaler.web.render import render
 from autoscaler.web.session import clear_session, cookie_principal, principal_for_token, set_session
 
@@ -201,8 +203,12 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
         now = ctx.clock.now()
         boot = {p.name: p.boot_timeout_s for p in ctx.config.pools}
         why = why_task(s, task, boot_timeouts=boot, now=now) if task.state == "queued" else None
+        use = gpu_samples.task_use(s, task.id, now=now) if task.gpus else None
         return render(
             "task.html",
+            gpu_use=use,
+            gpu_chart=gpu_use_chart(use) if use is not None else None,
+            retention=ctx.config.retention,
             viewer=viewer,
             nav="tasks",
             refresh=REFRESH_S,
@@ -211,6 +217,21 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
             why=why,
             now=now,
         )
+
+
+def gpu_use_chart(use: gpu_samples.GpuUse) -> Markup:
+    """Utilisation and memory (both in % of the task's GPUs) over the task's attempts."""
+    return line_chart(
+        "GPU use of this task (%)",
+        [
+            Series("utilisation", [(p.at, p.utilization_pct) for p in use.points]),
+            Series(
+                "memory",
+                [(p.at, p.memory_used_mb / p.memory_total_mb * 100) for p in use.points if p.memory_total_mb > 0],
+            ),
+        ],
+        unit=" %",
+    )
 
 
 @router.get("/fleet")
