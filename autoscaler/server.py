@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -39,6 +40,7 @@ from autoscaler.queueing.unschedulable import review_queued
 from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
 from autoscaler.state.models import ApiToken
+from autoscaler.state.retention import prune
 
 log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin.token"
@@ -176,6 +178,26 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
 
     scheduler.add_job(
         review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
+    )
+
+    def prune_history() -> None:
+        try:
+            with transaction(ctx.sessions) as s:
+                pruned = prune(s, config.retention, now=ctx.clock.now())
+            if pruned.total():
+                log.info("retention: deleted %s", pruned.describe())
+        except Exception:
+            log.exception("pruning old history failed; will retry at the next prune")
+
+    # Once at start (a server that restarts daily still prunes), then every interval.
+    scheduler.add_job(
+        prune_history,
+        "interval",
+        hours=config.retention.prune_interval_h,
+        id="retention",
+        max_instances=1,
+        coalesce=True,
+        next_run_time=datetime.now(UTC),
     )
     # Spend is read-only and useful without the loop too (`autoscaler server`).
     ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
