@@ -154,6 +154,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     scheduler = BackgroundScheduler(daemon=True)
     runtime = Runtime(config=config, home=home, ctx=ctx, scheduler=scheduler, full_loop=full_loop)
     runtime.info["admin_token_file"] = ensure_admin_token(ctx, home)
+    ctx.extras["admin_token_file"] = runtime.info["admin_token_file"]  # the login page names it
 
     def housekeeping() -> None:
         try:
@@ -229,6 +230,7 @@ def app_from_env() -> Any:
         secret_keys=load_secret_keys(config, settings.home, create=False),
     )
     ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
+    ctx.extras["admin_token_file"] = settings.home / ADMIN_TOKEN_FILE
     return create_app(ctx)
 
 

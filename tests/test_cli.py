@@ -282,6 +282,11 @@ def test_unreachable_server_and_bad_config(tmp_path: Path) -> None:
     assert r.returncode == 1 and "pools.0.max_instance" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_login_page_says_where_the_admin_token_is(server: dict[str, str]) -> None:
+    page = httpx.get(f"{server['AUTOSCALER_SERVER']}/login", timeout=10).text
+    assert str(Path(server["AUTOSCALER_HOME"]) / "admin.token") in page
+
+
 def test_known_teams_are_still_accepted(server: dict[str, str]) -> None:
     r = cli("enqueue", "-q", "gpu", "--team", "vision", "--", "true", env=server)
     assert r.returncode == 0, r.stderr

@@ -93,7 +93,14 @@ def login_form(request: Request, ctx: Ctx, next: str | None = None) -> Response:
     with tx(ctx) as s:
         if cookie_principal(request, s, ctx) is not None:
             return RedirectResponse(_safe_next(next), status_code=303)
-    return render("login.html", viewer=None, nav="", error=None, next=_safe_next(next))
+    return render(
+        "login.html", viewer=None, nav="", error=None, next=_safe_next(next), token_file=_admin_token_file(ctx)
+    )
+
+
+def _admin_token_file(ctx: AppContext) -> str:
+    """Where the server keeps the admin token (set by the server at start)."""
+    return str(ctx.extras.get("admin_token_file") or "HOME/admin.token")
 
 
 def _safe_next(target: str | None) -> str:
@@ -109,12 +116,28 @@ async def login(request: Request, ctx: Ctx) -> Response:
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or ["/"])[0])
     if not token or len(token) > 256:
-        return render("login.html", status=401, viewer=None, nav="", error="paste an admin or team token", next=target)
+        return render(
+            "login.html",
+            status=401,
+            viewer=None,
+            nav="",
+            error="paste an admin or team token",
+            next=target,
+            token_file=_admin_token_file(ctx),
+        )
     try:
         with tx(ctx) as s:
             principal_for_token(request, s, ctx, token)
     except AutoscalerError as exc:
-        return render("login.html", status=exc.http_status, viewer=None, nav="", error=exc.message, next=target)
+        return render(
+            "login.html",
+            status=exc.http_status,
+            viewer=None,
+            nav="",
+            error=exc.message,
+            next=target,
+            token_file=_admin_token_file(ctx),
+        )
     response = RedirectResponse(target, status_code=303)
     set_session(response, request, token)
     return response
@@ -148,7 +171,10 @@ def overview(request: Request, ctx: Ctx) -> Response:
             spend=_spend(ctx, s, team),
             latest=views.decisions(s, team, limit=1),
             alerts=delivery_rows(s, limit=10, team=team),
-            charts=[line_chart(views.CHART_TITLES.get(m, m), series) for m, series in list(charts.items())[:3]],
+            charts=[
+                line_chart(views.CHART_TITLES.get(m, m), series, step=m in views.STEP_METRICS)
+                for m, series in list(charts.items())[:3]
+            ],
         )
 
 
@@ -289,7 +315,9 @@ def charts(request: Request, ctx: Ctx, hours: str | None = None) -> Response:
             nav="charts",
             refresh=REFRESH_S * 6,
             hours=n,
-            charts=[line_chart(views.CHART_TITLES.get(m, m), ss) for m, ss in series.items()],
+            charts=[
+                line_chart(views.CHART_TITLES.get(m, m), ss, step=m in views.STEP_METRICS) for m, ss in series.items()
+            ],
         )
 
 
