@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from autoscaler.errors import ConfigError
+from autoscaler.errors import ConfigError, InvalidInput
 from providers.base import DriverOptions, option_problems
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -40,6 +40,10 @@ class _Strict(BaseModel):
     # Unknown keys are almost always typos ("max_instance"); refusing them is kinder
     # than silently ignoring a limit the user believes is in force.
     model_config = ConfigDict(extra="forbid")
+
+
+# The team of work an admin enqueues without naming one.
+DEFAULT_TEAM = "default"
 
 
 class TeamConfig(_Strict):
@@ -192,6 +196,35 @@ class ReconcileConfig(_Strict):
     enabled: bool = True
 
 
+class RetentionConfig(_Strict):
+    """How long history is kept. A prune in the server deletes what is older, once at
+    start and then daily (docs/operations.md#retention); 0 keeps that history forever."""
+
+    task_logs_days: float = Field(
+        30.0, ge=0, description="Output of tasks that finished more than this many days ago is deleted."
+    )
+    task_events_days: float = Field(
+        90.0,
+        ge=0,
+        description="State changes of tasks that finished more than this many days ago are deleted (the task "
+        "row, its attempts and its cost stay: spend reports need them).",
+    )
+    decisions_days: float = Field(30.0, ge=0, description="Reconcile decision records older than this are deleted.")
+    metrics_days: float = Field(
+        30.0, ge=0, description="Chart history (queue depth, fleet size, spend points) older than this is deleted."
+    )
+    gpu_samples_days: float = Field(
+        7.0, ge=0, description="Per-worker GPU utilisation and memory samples older than this are deleted."
+    )
+    gpu_sample_interval_s: float = Field(
+        30.0,
+        ge=0,
+        description="At most one GPU sample per worker per this many seconds (heartbeats come more often); "
+        "0 records every heartbeat.",
+    )
+    prune_interval_h: float = Field(24.0, gt=0, description="How often the prune runs (hours); it also runs at start.")
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -328,6 +361,7 @@ class AutoscalerConfig(_Strict):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @field_validator("teams", "queues", "pools")
     @classmethod
@@ -354,6 +388,35 @@ class AutoscalerConfig(_Strict):
 
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
+
+    def check_team(self, name: str) -> None:
+        """Refuse a team this deployment does not declare (an admin's `--team` typo would
+        otherwise queue work, or filter a report, for a team that cannot exist). The
+        catch-all team of admin-enqueued work, `default`, always exists."""
+        if name == DEFAULT_TEAM or any(t.name == name for t in self.teams):
+            return
+        known = ", ".join([DEFAULT_TEAM, *(t.name for t in self.teams)])
+        raise InvalidInput(
+            f"unknown team {name[:64]!r} (known: {known}): check the spelling, or add it under "
+            "teams: in autoscaler.yaml and restart the server"
+        )
+
+    def warnings(self) -> list[str]:
+        """What a config that loads may still lack to be useful, said at start."""
+        out = []
+        if not self.queues:
+            out.append(
+                "no queues configured: every enqueue will be refused; add queues: to autoscaler.yaml "
+                "(examples/local.yaml shows one)"
+            )
+        if not self.pools:
+            out.append("no pools configured: no machine can be launched or join; add pools: to autoscaler.yaml")
+        if not self.teams:
+            out.append(
+                "no teams configured: only admins can enqueue (for team 'default') and no team token can be "
+                "created; add teams: to autoscaler.yaml"
+            )
+        return out
 
     def queue(self, name: str) -> QueueConfig | None:
         return next((q for q in self.queues if q.name == name), None)

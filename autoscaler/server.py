@@ -17,6 +17,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,6 +42,7 @@ from autoscaler.queueing.workers import expire_silent_workers
 from autoscaler.reconciler.component import reconciler_component
 from autoscaler.state.db import make_engine, session_factory, sqlite_url, transaction, upgrade
 from autoscaler.state.models import ApiToken
+from autoscaler.state.retention import prune
 
 log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin.token"
@@ -148,6 +150,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
     scheduler = BackgroundScheduler(daemon=True)
     runtime = Runtime(config=config, home=home, ctx=ctx, scheduler=scheduler, full_loop=full_loop)
     runtime.info["admin_token_file"] = ensure_admin_token(ctx, home)
+    ctx.admin_token_file = runtime.info["admin_token_file"]  # the login page names it
 
     def housekeeping() -> None:
         try:
@@ -172,6 +175,26 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
 
     scheduler.add_job(
         review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
+    )
+
+    def prune_history() -> None:
+        try:
+            with transaction(ctx.sessions) as s:
+                pruned = prune(s, config.retention, now=ctx.clock.now())
+            if pruned.total():
+                log.info("retention: deleted %s", pruned.describe())
+        except Exception:
+            log.exception("pruning old history failed; will retry at the next prune")
+
+    # Once at start (a server that restarts daily still prunes), then every interval.
+    scheduler.add_job(
+        prune_history,
+        "interval",
+        hours=config.retention.prune_interval_h,
+        id="retention",
+        max_instances=1,
+        coalesce=True,
+        next_run_time=datetime.now(UTC),
     )
     if full_loop:
         # In this order: the reconciler evaluates through the policy service, and alert
@@ -203,6 +226,7 @@ def app_from_env() -> Any:
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, settings.home, create=False),
     )
+    ctx.admin_token_file = settings.home / ADMIN_TOKEN_FILE
     return create_app(ctx)
 
 
@@ -235,6 +259,8 @@ def serve(
     url = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     announce(f"autoscaler control plane at {url}")
     announce(f"admin token: {runtime.info['admin_token_file']}")
+    for warning in config.warnings():
+        announce(f"warning: {warning}")
     (runtime.home / SERVER_URL_FILE).write_text(url + "\n")
     runtime.scheduler.start()
     try:

@@ -277,6 +277,15 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
         (["enqueue", "--queue", "gpu", "--gpus", "16", "--", "true"], "largest: 1x A10G, 4 CPUs, 16000 MB in pool"),
         (["enqueue", "-q", "cpu", "--cpus", "64", "--memory-mb", "500000", "--", "true"], "ask for at most 2 CPUs"),
         (["enqueue", "-q", "gpu", "--gpus", "1", "--gpu-type", "A10", "--", "true"], "GPU types offered: A10G"),
+        # An admin's --team must name a team of this deployment (issue 23 item 8).
+        (
+            ["enqueue", "-q", "gpu", "--team", "nosuch", "--", "true"],
+            "unknown team 'nosuch' (known: default, vision, nlp)",
+        ),
+        (["tasks", "--team", "nosuch"], "unknown team 'nosuch'"),
+        (["spend", "--team", "visoin"], "add it under teams: in autoscaler.yaml"),
+        (["alerts", "--team", "nosuch"], "unknown team 'nosuch'"),
+        (["token", "create", "--team", "nosuch"], "needs a known team"),
     ],
 )
 def test_user_mistakes_are_one_line(server: dict[str, str], args: list[str], needle: str) -> None:
@@ -301,6 +310,73 @@ def test_a_typo_in_pool_options_stops_startup_at_its_key_path(tmp_path: Path) ->
     r = cli("server", "--config", str(bad), "--home", str(tmp_path / "h"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "at pools.0.options.subnet: unknown option; did you mean 'subnets'?" in r.stderr
+
+
+def test_login_page_says_where_the_admin_token_is(server: dict[str, str]) -> None:
+    page = httpx.get(f"{server['AUTOSCALER_SERVER']}/login", timeout=10).text
+    assert str(Path(server["AUTOSCALER_HOME"]) / "admin.token") in page
+
+
+def test_known_teams_are_still_accepted(server: dict[str, str]) -> None:
+    r = cli("enqueue", "-q", "gpu", "--team", "vision", "--", "true", env=server)
+    assert r.returncode == 0, r.stderr
+    listed = json.loads(cli("tasks", "--team", "vision", "--json", env=server).stdout)
+    assert r.stdout.strip() in [t["id"] for t in listed] and {t["team"] for t in listed} == {"vision"}
+    assert cli("spend", "--team", "default", env=server).returncode == 0
+
+
+def _announced(config: Path, home: Path) -> str:
+    """What a server prints once it answers (then it is stopped)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler", "server", "-c", str(config), "--home", str(home), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+        return out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    "text,warned,quiet",
+    [
+        ("", ["no queues configured", "no pools configured", "no teams configured"], []),
+        ("teams: [{name: a}]\n", ["no queues configured", "no pools configured"], ["no teams configured"]),
+    ],
+)
+def test_a_config_that_cannot_serve_work_is_warned_about_at_start(
+    tmp_path: Path, text: str, warned: list[str], quiet: list[str]
+) -> None:
+    config = tmp_path / "autoscaler.yaml"
+    config.write_text(text)
+    out = _announced(config, tmp_path / "home")
+    assert "control plane at" in out, out
+    for needle in warned:
+        assert f"warning: {needle}" in out, out
+    for needle in quiet:
+        assert needle not in out, out
+
+
+def test_a_complete_config_starts_without_warnings(tmp_path: Path) -> None:
+    config = tmp_path / "autoscaler.yaml"
+    config.write_text(TEST_CONFIG)
+    out = _announced(config, tmp_path / "home")
+    assert "control plane at" in out and "warning:" not in out, out
 
 
 def test_refuses_public_address_without_tls(tmp_path: Path) -> None:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
+import yaml
 from typer.testing import CliRunner
 
 from autoscaler.cli import _register, app
+from autoscaler.config import parse_config
 from autoscaler.ledger.spend import accrue, month_to_date
 from autoscaler.reports.focus import COLUMNS, focus_row, from_csv, total
 from autoscaler.reports.spend import spend_lines
 from autoscaler.state.db import transaction
-from tests.conftest import LiveServer, issue_token
+from tests.conftest import TEST_CONFIG, LiveServer, issue_token
 from tests.web.helpers import add_instance, add_spend, enqueue
 
 MARCH = datetime(2026, 3, 1, tzinfo=UTC)
@@ -136,3 +139,18 @@ def test_top_once_shows_queues_and_fleet(live_server: LiveServer, admin_token: s
     gpu_row = next(line for line in result.output.splitlines() if " gpu " in f" {line} " and "│" in line)
     assert "1" in gpu_row
     assert "gpu-pool" in result.output and "ready" in result.output and "0.40" in result.output
+
+
+def test_budgets_shown_are_this_deployments_teams_only(tmp_path: Path) -> None:
+    """The shipped policy data names example teams (research, interns, prod-inference);
+    a deployment that declares vision and nlp sees only those (issue 23 item 8)."""
+    from autoscaler.reports.budgets import load_budgets, policy_dir, team_budgets
+    from tests.web.helpers import budget_config
+
+    shipped = parse_config(TEST_CONFIG, Path("test.yaml"))  # policy.dir unset: the shipped policies
+    assert {"research", "interns", "prod-inference"} <= set(load_budgets(policy_dir(shipped)))  # the control
+    assert team_budgets(shipped) == {}  # no default budget there, and neither team is listed
+    doc = {"default": {"monthly_usd": 50}, "teams": {"vision": {"monthly_usd": 100}, "ghost": {"monthly_usd": 9}}}
+    config = budget_config(tmp_path / "p", {})
+    (tmp_path / "p" / "data" / "budgets.yaml").write_text(yaml.safe_dump(doc))
+    assert team_budgets(config) == {"vision": 100.0, "nlp": 50.0}

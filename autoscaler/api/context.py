@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -35,3 +36,5 @@ class AppContext:
     # Seals task secret_env at enqueue and opens it for the leasing worker. None: this
     # process has no key (a task with secret_env is refused; nothing is ever stored plain).
     secret_keys: SecretKeys | None = None
+    # Where this deployment keeps the admin token; the login page names it.
+    admin_token_file: Path | None = None

@@ -324,6 +324,28 @@ class InstanceOut(Out):
     terminated_at: datetime | None
 
 
+class GpuPointOut(BaseModel):
+    at: datetime
+    attempt: int
+    utilization_pct: float = Field(description="Mean over the attempt's GPUs.")
+    memory_used_mb: float = Field(description="Summed over the attempt's GPUs.")
+    memory_total_mb: float
+    per_gpu: dict[int, float] = Field(description="GPU index on the worker -> utilisation %.")
+
+
+class TaskGpuOut(BaseModel):
+    """A task's GPU use: its worker's samples for the GPUs and time each attempt held."""
+
+    task_id: str
+    samples: int = Field(description="Sample instants found (points may be thinned to at most 500 per attempt).")
+    mean_utilization_pct: float | None
+    peak_memory_used_mb: float | None
+    memory_total_mb: float | None
+    sample_interval_s: float
+    retention_days: float
+    points: list[GpuPointOut]
+
+
 class TaskWhyOut(BaseModel):
     task_id: str
     state: str

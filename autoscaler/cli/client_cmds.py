@@ -251,8 +251,12 @@ def task_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a task and its history."""
-    task = sdk_client(server, token, home).task(task_id).info().raw
+    sdk = sdk_client(server, token, home)
+    task = sdk.task(task_id).info().raw
+    gpu = sdk.api.get(f"/api/v1/tasks/{task_id}/gpu") if task.get("gpus") else None
     if json_out:
+        if gpu is not None:
+            task["gpu_use"] = {k: v for k, v in gpu.items() if k not in ("task_id", "points")}
         print_json(task)
         return
     out.print(Text.assemble((task["id"], "bold"), f"  {task['state']}  queue={task['queue']} team={task['team']}"))
@@ -279,6 +283,8 @@ def task_show(
     out.print(
         f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}"
     )
+    if gpu is not None:
+        out.print(gpu_use_line(gpu))
     if task.get("attempt_costs"):
         print_table(
             task["attempt_costs"],
@@ -291,6 +297,25 @@ def task_show(
         task["events"],
         ["at", "from_state", "to_state", "reason", "attempt", "worker_id", "detail"],
         title="history",
+    )
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+
+
+def gpu_use_line(gpu: dict[str, Any]) -> str:
+    """One line: mean utilisation, peak memory and a sparkline of the latest samples."""
+    if not gpu["samples"]:
+        return (
+            f"gpu use: no samples (a sample every {gpu['sample_interval_s']:g} s while it runs, "
+            f"kept {gpu['retention_days']:g} days)"
+        )
+    recent = [p["utilization_pct"] for p in gpu["points"][-SPARK_WIDTH:]]
+    spark = "".join(SPARK[min(int(u / 100 * len(SPARK)), len(SPARK) - 1)] for u in recent)
+    return (
+        f"gpu use: mean {gpu['mean_utilization_pct']:.1f} % over {gpu['samples']} sample(s), peak memory "
+        f"{gpu['peak_memory_used_mb']:,.0f} of {gpu['memory_total_mb']:,.0f} MB  {spark}"
     )
 
 

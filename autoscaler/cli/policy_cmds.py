@@ -1,6 +1,7 @@
 """`autoscaler policy check|test|eval|schema`: work on a policy directory before it
 is put in force. These run the embedded engine in this process (a CLI run is the
-only thing an engine crash could end) and need no server."""
+only thing an engine crash could end) and need no server. `autoscaler policy show`
+asks the running server which policy is in force."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import yaml
 from rich.text import Text
 
 from autoscaler.cli import app
-from autoscaler.cli.common import out, print_json
+from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, client, out, print_json
 from autoscaler.errors import InvalidInput
 from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
 from autoscaler.policy.cases import check, check_and_test, complete_input
 from autoscaler.policy.engines import EmbeddedEngine
 from autoscaler.policy.problems import PolicyError
 from autoscaler.policy.schema import export_schemas
+from autoscaler.sdk.errors import SdkError
 
 policy_app = typer.Typer(help="Check, test and evaluate Rego policies.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
@@ -121,3 +123,38 @@ def schema_cmd(
     for name, schema in export_schemas().items():
         (out_dir / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         out.print(f"wrote {out_dir / name}")
+
+
+@policy_app.command("show")
+def show(
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The policy in force on the server: engine, directory, revision, modules, test
+    cases passed, the last errors, and (admins) its data."""
+    try:
+        status = client(server, token, home).get("/api/v1/policy")
+    except SdkError as exc:
+        if exc.status == 404:  # `autoscaler server`: the API without the policy service
+            raise SdkError(
+                "the policy service is not running in this process: `autoscaler server` serves the API only; "
+                "`autoscaler up` runs the policy service (see its status there)"
+            ) from None
+        raise
+    if json_out:
+        print_json(status)
+        return
+    where = status["directory"] or status["opa_url"] or "-"
+    out.print(Text.assemble(("policy in force: ", "bold"), f"revision {status['revision'] or '-'}"))
+    out.print(f"engine: {status['engine']}  package: {status['package']}  from: {where}")
+    out.print(f"loaded: {status['loaded_at'] or '-'}  test cases passed: {status['test_cases_passed']}")
+    if status.get("modules"):
+        out.print("modules: " + ", ".join(status["modules"]))
+    for label, key in (("last reload refused", "last_reload_error"), ("last evaluation failed", "last_eval_error")):
+        if status.get(key):
+            out.print(Text.assemble((f"{label}: ", "bold red"), str(status[key])))
+    if status.get("data") is not None:
+        out.print("data:")
+        out.print(Text(yaml.safe_dump(status["data"], sort_keys=True, default_flow_style=False).rstrip()))

@@ -99,6 +99,34 @@ def db_upgrade(config: ConfigOpt = None, home: Home = None, revision: str = "hea
     typer.echo(f"database at revision {revision}")
 
 
+@db_app.command("prune")
+def db_prune(config: ConfigOpt = None, home: Home = None) -> None:
+    """Delete history older than the retention settings keep (the server also does this daily)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import OperationalError
+
+    from autoscaler.errors import ConfigError
+    from autoscaler.server import database_url
+    from autoscaler.state.db import make_engine, session_factory, transaction
+    from autoscaler.state.retention import prune
+
+    cfg, home_dir = _load(config, home, None, None, False)
+    engine = make_engine(database_url(cfg, home_dir))
+    try:
+        tables = inspect(engine).get_table_names()
+    except OperationalError as exc:
+        raise ConfigError(
+            f"cannot open the database ({exc.orig}): check --home (now {home_dir}) or database_url"
+        ) from None
+    if "tasks" not in tables:
+        raise ConfigError("the database has no autoscaler tables yet: nothing to prune (the server creates them)")
+    with transaction(session_factory(engine)) as s:
+        pruned = prune(s, cfg.retention, now=datetime.now(UTC))
+    typer.echo(f"deleted {pruned.describe()}")
+
+
 @db_app.command("downgrade")
 def db_downgrade(revision: str, config: ConfigOpt = None, home: Home = None) -> None:
     """Revert schema migrations to REVISION (e.g. base)."""

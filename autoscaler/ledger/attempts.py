@@ -42,6 +42,7 @@ def open_attempt(session: Session, task: Task, *, now: datetime) -> TaskAttempt:
         worker_id=task.worker_id,
         instance_id=instance_of_worker(session, task.worker_id) if task.worker_id else None,
         gpus=task.gpus,
+        gpu_indices=list(task.gpu_indices or []),
         started_at=now,
         ended_at=None,
         cost_usd=0.0,

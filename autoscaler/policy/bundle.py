@@ -47,6 +47,8 @@ class TestCase:
     input: dict[str, Any]
     expect: dict[str, Any]
     absent: tuple[str, ...] = ()  # dotted paths that must not be in the decision
+    # How far a number may be from the expected one, relative (absolute below 1).
+    tolerance: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,19 @@ def load_cases(directory: Path) -> list[TestCase]:
                     "bad test case",
                     [Problem(rel, None, f"case #{i + 1} needs `name`, an `input` mapping and `expect`")],
                 )
+            tolerance = item.get("tolerance", 1e-6)
+            if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
+                raise PolicyError(
+                    "bad test case",
+                    [
+                        Problem(
+                            rel,
+                            None,
+                            f"case #{i + 1}: tolerance must be a number from 0 to below 1 (a relative error, "
+                            f"e.g. 0.01 for 1 %), not {tolerance!r}",
+                        )
+                    ],
+                )
             cases.append(
                 TestCase(
                     name=str(item.get("name") or f"case {i + 1}"),
@@ -102,6 +117,7 @@ def load_cases(directory: Path) -> list[TestCase]:
                     input=item["input"],
                     expect=item["expect"] if isinstance(item["expect"], dict) else {},
                     absent=tuple(str(a) for a in item.get("absent") or ()),
+                    tolerance=float(tolerance),
                 )
             )
     return cases

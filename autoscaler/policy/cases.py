@@ -5,7 +5,8 @@ policy that passes `policy test` on a laptop is exactly one the service will acc
 
 A case is an input (times may be left out: the billing period is derived from `now`)
 and the expected part of the decision: mappings match on the keys given, lists match
-element by element, numbers match to 1e-6. Anything the case does not mention is free.
+element by element, numbers match within the case's `tolerance` (relative; absolute
+below 1; default 1e-6). Anything the case does not mention is free.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def complete_input(raw: dict[str, Any]) -> PolicyInput:
     return PolicyInput.model_validate(doc)
 
 
-def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
-    """Where `actual` differs from the part of it that `expected` describes."""
+DEFAULT_TOLERANCE = 1e-6
+
+
+def mismatches(expected: Any, actual: Any, path: str = "", tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
+    """Where `actual` differs from the part of it that `expected` describes. Numbers
+    match when they differ by at most `tolerance` x max(1, |expected|)."""
     here = path or "decision"
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
@@ -58,14 +63,14 @@ def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
             if key not in actual:
                 out.append(f"{here}.{key}: missing (expected {want!r})")
             else:
-                out += mismatches(want, actual[key], f"{here}.{key}")
+                out += mismatches(want, actual[key], f"{here}.{key}", tolerance)
         return out
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
             return [f"{here}: expected {expected!r}, got {actual!r}"]
         out = []
         for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
-            out += mismatches(want, got, f"{here}[{i}]")
+            out += mismatches(want, got, f"{here}[{i}]", tolerance)
         return out
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return (
@@ -78,10 +83,15 @@ def mismatches(expected: Any, actual: Any, path: str = "") -> list[str]:
             return [f"{here}: expected {expected!r}, got {actual!r}"]
         return (
             []
-            if abs(expected - actual) <= 1e-6 * max(1.0, abs(expected))
-            else [f"{here}: expected {expected!r}, got {actual!r}"]
+            if abs(expected - actual) <= tolerance * max(1.0, abs(expected))
+            else [f"{here}: expected {expected!r}, got {actual!r}{_within(expected, actual, tolerance)}"]
         )
     return [] if expected == actual else [f"{here}: expected {expected!r}, got {actual!r}"]
+
+
+def _within(expected: float, actual: float, tolerance: float) -> str:
+    # Whole numbers are compared exactly in practice; the tolerance is news for fractions.
+    return f" (tolerance {tolerance:g})" if isinstance(expected, float) or isinstance(actual, float) else ""
 
 
 @dataclass
@@ -146,7 +156,7 @@ def run_case(engine: EmbeddedEngine, case: TestCase) -> CaseResult:
     except (EngineUnavailable, ValueError) as exc:
         return CaseResult(case, [str(exc)])
     actual = decision.model_dump(mode="json")
-    return CaseResult(case, mismatches(case.expect, actual) + present(case.absent, actual))
+    return CaseResult(case, mismatches(case.expect, actual, tolerance=case.tolerance) + present(case.absent, actual))
 
 
 def present(paths: tuple[str, ...], actual: dict[str, Any]) -> list[str]:

@@ -172,5 +172,13 @@ class PolicyService:
             "test_cases_passed": self.cases_passed,
         }
 
+    def in_force(self) -> tuple[list[str], dict[str, Any] | None]:
+        """The Rego modules and the data of the policy being evaluated (embedded only:
+        with OPA, the bundle lives in OPA)."""
+        bundle = getattr(self._engine, "bundle", None)
+        if bundle is None:
+            return [], None
+        return sorted(bundle.modules), dict(bundle.data)
+
     def close(self) -> None:
         self._engine.close()

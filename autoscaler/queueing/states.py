@@ -23,6 +23,7 @@ from autoscaler.lifecycle import (
     WorkerState,
     check_transition,
 )
+from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import Task, TaskEvent, Worker
 
 __all__ = ["ACTIVE", "FINAL", "TRANSITIONS", "TaskState", "WorkerState", "move_worker", "transition"]
@@ -63,6 +64,20 @@ def transition(
             worker_id=task.worker_id,
             detail=detail[:2000],
         )
+    )
+    note(
+        session,
+        "task %s (team %s, attempt %d): %s -> %s: %s%s",
+        task.id,
+        task.team,
+        task.attempts,
+        current.value,
+        to.value,
+        reason,
+        f" ({detail[:200]})" if detail else "",
+        task_id=task.id,
+        team=task.team,
+        worker_id=task.worker_id,
     )
     if current in ACTIVE and to not in ACTIVE:
         close_attempt(session, task, now=now)

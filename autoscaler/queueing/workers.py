@@ -28,9 +28,11 @@ from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
 from autoscaler.lifecycle import INSTANCE_ENDED, INSTANCE_RUNNING, WORKER_LEASABLE, WORKER_LIVE, WorkerState
+from autoscaler.queueing import gpu_samples
 from autoscaler.queueing.states import ACTIVE, TaskState, move_worker
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
+from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import ApiToken, Instance, InstanceEvent, Task, Worker
 
 LIVE_STATES = WORKER_LIVE  # kept under its old name for the simulator
@@ -355,6 +357,17 @@ def _new_worker(session: Session, reg: Registration, *, now: datetime, launch: I
         instance = launch
     if instance is not None:
         instance.worker_id = worker.id
+    note(
+        session,
+        "worker %s (%s, pool %s, %d GPU(s)) registered%s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        worker.gpu_count,
+        f" for instance {instance.id}" if instance is not None else "",
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     plaintext, _ = create_token(session, kind="worker", now=now, pool=reg.pool, worker_id=worker.id)
     return worker, plaintext
 
@@ -387,7 +400,10 @@ def heartbeat(
     preempted: bool = False,
     preempt_reason: str = "",
     preempt_deadline: datetime | None = None,
+    gpu_sample_interval_s: float | None = None,
 ) -> HeartbeatReply:
+    """Record the worker alive; with `gpu_sample_interval_s`, its GPU figures are also kept
+    as history (at most one sample per that interval; None: only the latest is kept)."""
     worker = get_worker(session, worker_id, lock=True)
     if worker.state == WorkerState.GONE:
         # The server gave up on this worker (missed heartbeats): its tasks were
@@ -407,6 +423,8 @@ def heartbeat(
         worker.drain_reason = "agent"
     if gpu_metrics is not None:
         worker.gpu_metrics = gpu_metrics[:64]
+        if gpu_sample_interval_s is not None:
+            gpu_samples.record(session, worker_id, gpu_metrics[:64], now=now, interval_s=gpu_sample_interval_s)
     tasks = list(
         session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
     )
@@ -450,6 +468,17 @@ def drain(
     move_worker(worker, WorkerState.DRAINING)
     worker.drain_deadline = now + timedelta(seconds=deadline_s)
     worker.drain_reason = reason
+    note(
+        session,
+        "worker %s (%s, pool %s) draining within %.0f s: %s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        deadline_s,
+        reason,
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     return worker
 
 
@@ -545,6 +574,17 @@ def _go(session: Session, worker: Worker, *, now: datetime, reason: str, lost: b
     move_worker(worker, WorkerState.GONE)
     worker.gone_at = now
     worker.gone_reason = reason
+    note(
+        session,
+        "worker %s (%s, pool %s) gone: %s%s",
+        worker.id,
+        worker.hostname,
+        worker.pool,
+        reason,
+        f"; {len(tasks)} task(s) interrupted" if tasks else "",
+        worker_id=worker.id,
+        pool=worker.pool,
+    )
     if worker.drain_reason == SPOT and reason != "re-registered":
         _reclaimed(session, worker, now=now)
     return tasks

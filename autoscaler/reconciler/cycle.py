@@ -64,6 +64,7 @@ from autoscaler.reconciler.record import record_cycle
 from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.db import transaction
+from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, Worker, new_id
 from providers.base import (
     TAG_POOL,
@@ -545,6 +546,19 @@ class Reconciler:
                 to_state=S.REQUESTED.value,
                 reason=launch.reason[:255],
             )
+        )
+        note(
+            s,
+            "instance %s (pool %s): launch requested, %s %s for team %s: %s",
+            inst.id,
+            pool.name,
+            o.capacity_type,
+            o.instance_type,
+            launch.team,
+            launch.reason,
+            instance_id=inst.id,
+            pool=pool.name,
+            team=launch.team,
         )
         return inst.id
 

@@ -21,6 +21,7 @@ from autoscaler.lifecycle import (
     InstanceState,
     check_transition,
 )
+from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import Instance, InstanceEvent
 
 __all__ = ["BILLED", "FINAL", "LIVE", "TRANSITIONS", "InstanceState", "transition"]
@@ -45,6 +46,19 @@ def transition(session: Session, inst: Instance, to: InstanceState, *, reason: s
         raise Conflict(str(e)) from None
     session.add(
         InstanceEvent(instance_id=inst.id, at=now, from_state=current.value, to_state=to.value, reason=reason[:255])
+    )
+    note(
+        session,
+        "instance %s (pool %s%s): %s -> %s: %s",
+        inst.id,
+        inst.pool,
+        f", {inst.provider_instance_id}" if inst.provider_instance_id else "",
+        current.value,
+        to.value,
+        reason,
+        instance_id=inst.id,
+        pool=inst.pool,
+        team=inst.team,
     )
     inst.state = to.value
     inst.updated_at = now

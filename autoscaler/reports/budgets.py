@@ -71,10 +71,16 @@ def load_budgets(directory: Path) -> dict[str, float]:
 
 
 def team_budgets(config: AutoscalerConfig) -> dict[str, float]:
-    """Budget per configured or listed team; the default budget fills configured teams not listed."""
-    budgets = load_budgets(policy_dir(config))
-    default = budgets.pop(DEFAULT, None)
-    if default is not None:
-        for team in config.teams:
-            budgets.setdefault(team.name, default)
+    """Budget per team this deployment declares; the default budget fills those not listed.
+
+    Teams the policy data lists but `autoscaler.yaml` does not (the shipped policy's
+    example teams, a team since removed) are left out: a spend table shows this
+    deployment's teams, not every name in a policy file."""
+    listed = load_budgets(policy_dir(config))
+    default = listed.pop(DEFAULT, None)
+    budgets: dict[str, float] = {}
+    for team in config.teams:
+        budget = listed.get(team.name, default)
+        if budget is not None:
+            budgets[team.name] = budget
     return budgets

@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 
 from autoscaler.errors import InvalidInput
-from autoscaler.sim.workload import TraceTask, Workload, split_wide
+from autoscaler.sim.workload import TraceTask, Workload, split_note, split_wide
 
 COLUMNS = ("name", "num_gpu", "qos", "creation_time", "deletion_time", "scheduled_time")
 
@@ -23,7 +23,7 @@ def load_alibaba(path: Path) -> Workload:
     if path.is_dir():
         path = path / "openb_pod_list_default.csv"
     tasks: list[TraceTask] = []
-    cpu_only = unscheduled = split = 0
+    cpu_only = unscheduled = 0
     try:
         with path.open(newline="") as fh:
             reader = csv.DictReader(fh)
@@ -47,7 +47,6 @@ def load_alibaba(path: Path) -> Workload:
                     continue
                 team = (row["qos"] or "unknown").lower()
                 parts = split_wide(row["name"], team, float(row["creation_time"]), end - start, gpus)
-                split += len(parts) > 1
                 tasks.extend(parts)
     except OSError as exc:
         raise InvalidInput(f"--workload alibaba:{path}: cannot read it ({exc.strerror})") from None
@@ -59,6 +58,6 @@ def load_alibaba(path: Path) -> Workload:
         notes.append(f"{cpu_only} CPU-only pod(s) skipped")
     if unscheduled:
         notes.append(f"{unscheduled} pod(s) never scheduled or with no run time skipped")
-    if split:
-        notes.append(f"{split} pod(s) wider than 8 GPUs split")
-    return Workload(f"alibaba ({len(tasks)} GPU tasks)", tuple(tasks), tuple(notes))
+    if note := split_note(tasks, "pod"):
+        notes.append(note)
+    return Workload(f"alibaba ({len(tasks)} GPU tasks)", tuple(tasks), tuple(notes), split_unit="pod")

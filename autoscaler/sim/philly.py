@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.errors import InvalidInput
-from autoscaler.sim.workload import TraceTask, Workload, split_wide
+from autoscaler.sim.workload import TraceTask, Workload, split_note, split_wide
 
 GPU_BASIS = "v100"
 THROUGHPUTS = "simulation_throughputs.json"
@@ -45,7 +45,7 @@ def load_philly(path: Path) -> Workload:
     except (OSError, ValueError, KeyError) as exc:
         raise InvalidInput(f"{table_path}: cannot read the {GPU_BASIS} throughput table ({exc})") from None
     tasks: list[TraceTask] = []
-    split = missing = 0
+    missing = 0
     for trace in traces:
         team = _team(trace.stem)
         for n, line in enumerate(trace.read_text().splitlines(), start=1):
@@ -65,12 +65,11 @@ def load_philly(path: Path) -> Workload:
                 missing += 1
                 continue
             parts = split_wide(f"{team}-{n}", team, arrival, steps / float(rate), gpus)
-            split += len(parts) > 1
             tasks.extend(parts)
     tasks.sort(key=lambda t: (t.arrival_s, t.key))
     notes = [f"{len(traces)} virtual clusters as teams; run time = steps / V100 throughput"]
-    if split:
-        notes.append(f"{split} job(s) wider than 8 GPUs split into 8-GPU tasks")
+    if note := split_note(tasks, "job"):
+        notes.append(note)
     if missing:
         notes.append(f"{missing} job(s) without a throughput entry skipped")
     return Workload(f"philly ({len(traces)} VCs)", tuple(tasks), tuple(notes))

@@ -125,25 +125,55 @@ def plots(outcome: SimOutcome, report: dict[str, Any], out_dir: Path) -> list[Pa
     plt.close(fig)
     written.append(path)
 
-    fig, ax2 = plt.subplots(figsize=(10, 4))
-    for team, t in sorted(report["teams"].items()):
-        months = t.get("spend_by_month_usd") or {}
-        if not months:
-            continue
-        line = ax2.plot(list(months), list(months.values()), marker="o", label=team)
-        b = t.get("budget")
-        if b:
-            ax2.axhline(b["monthly_usd"], linestyle="--", color=line[0].get_color(), label=f"{team} {b['kind']} budget")
-    ax2.set_ylabel("USD per month")
-    ax2.set_title("Spend per team and month vs budget")
-    if ax2.lines:
-        ax2.legend(fontsize="small", ncol=3)
-    fig.tight_layout()
+    fig = spend_figure(report)
     path = out_dir / "spend_vs_budget.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     written.append(path)
     return written
+
+
+def team_colours(n: int) -> list[Any]:
+    """n distinguishable colours: tab10/tab20 while they last, then evenly spaced hues
+    (a palette reused in a cycle would give two teams one colour)."""
+    import matplotlib
+
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["hsv"](i / n) for i in range(n)]
+
+
+def spend_figure(report: dict[str, Any]) -> Any:
+    """Spend per team and month as grouped bars, each team's budget a dashed mark over
+    its own bars. Months are separate totals, so bars, not a line joining them."""
+    import matplotlib.pyplot as plt
+
+    teams = [(team, t) for team, t in sorted(report["teams"].items()) if t.get("spend_by_month_usd")]
+    months = sorted({m for _, t in teams for m in t["spend_by_month_usd"]})
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / max(len(teams), 1)
+    for i, ((team, t), colour) in enumerate(zip(teams, team_colours(len(teams)), strict=True)):
+        xs = [months.index(m) + (i - (len(teams) - 1) / 2) * width for m in t["spend_by_month_usd"]]
+        ax.bar(xs, list(t["spend_by_month_usd"].values()), width=width, color=colour, label=team)
+        b = t.get("budget")
+        if b:
+            ax.hlines(
+                [b["monthly_usd"]] * len(xs),
+                [x - width / 2 for x in xs],
+                [x + width / 2 for x in xs],
+                colors=[colour],
+                linestyles="dashed",
+                label=f"{team} {b['kind']} budget",
+            )
+    ax.set_xticks(range(len(months)), months)
+    ax.set_ylabel("USD per month")
+    ax.set_title("Spend per team and month vs budget (dashed: budget)")
+    if teams:
+        ax.legend(fontsize="small", ncol=3)
+    fig.tight_layout()
+    return fig
 
 
 def write(outcome: SimOutcome, report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -30,6 +30,7 @@ class TraceTask:
     duration_s: float
     gpus: int
     queue: str = "gpu"
+    part_of: str = ""  # the trace job's key when the job was split (wider than a machine)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Workload:
     name: str
     tasks: tuple[TraceTask, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    split_unit: str = "job"  # what the trace calls one of its jobs, for the split note
 
     @property
     def teams(self) -> tuple[str, ...]:
@@ -50,7 +52,21 @@ class Workload:
             raise InvalidInput(f"--days must be positive, got {days:g}")
         cutoff = days * 86400.0
         kept = tuple(t for t in self.tasks if t.arrival_s < cutoff)
-        return Workload(f"{self.name} (first {days:g} days)", kept, self.notes)
+        # The split count is the slice's own, not the whole trace's.
+        notes = [n for n in self.notes if SPLIT_MARK not in n]
+        note = split_note(kept, self.split_unit)
+        return Workload(
+            f"{self.name} (first {days:g} days)", kept, tuple(notes + ([note] if note else [])), self.split_unit
+        )
+
+
+SPLIT_MARK = f"wider than {MAX_TASK_GPUS} GPUs split"
+
+
+def split_note(tasks: tuple[TraceTask, ...] | list[TraceTask], unit: str) -> str | None:
+    """How many of these tasks' trace jobs were split, in words; None if none was."""
+    n = len({t.part_of for t in tasks if t.part_of})
+    return f"{n} {unit}(s) {SPLIT_MARK} into {MAX_TASK_GPUS}-GPU tasks" if n else None
 
 
 def split_wide(key: str, team: str, arrival_s: float, duration_s: float, gpus: int) -> list[TraceTask]:
@@ -59,7 +75,7 @@ def split_wide(key: str, team: str, arrival_s: float, duration_s: float, gpus: i
         return [TraceTask(key, team, arrival_s, duration_s, gpus)]
     parts = -(-gpus // MAX_TASK_GPUS)
     return [
-        TraceTask(f"{key}.{i}", team, arrival_s, duration_s, min(MAX_TASK_GPUS, gpus - i * MAX_TASK_GPUS))
+        TraceTask(f"{key}.{i}", team, arrival_s, duration_s, min(MAX_TASK_GPUS, gpus - i * MAX_TASK_GPUS), part_of=key)
         for i in range(parts)
     ]
 

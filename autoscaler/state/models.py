@@ -343,6 +343,8 @@ class TaskAttempt(Base):
     # Resolved from the worker when the attempt opens, or by the ledger later.
     instance_id: Mapped[str | None] = mapped_column(String(32), index=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # The worker's GPUs this attempt held (which of the worker's GPU samples are its).
+    gpu_indices: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     started_at: Mapped[datetime]
     ended_at: Mapped[datetime | None] = mapped_column(index=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
@@ -388,6 +390,25 @@ class OfferingBlock(Base):
     key: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
     until: Mapped[datetime]
+
+
+class GpuSample(Base):
+    """One GPU of one worker at one heartbeat: utilisation and memory.
+
+    At most one sample per worker per `retention.gpu_sample_interval_s`, kept
+    `retention.gpu_samples_days` (the daily prune). A task's GPU use is the samples of
+    its attempts' worker, GPU indices and time windows (`autoscaler.metrics.gpu_use`)."""
+
+    __tablename__ = "gpu_samples"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    worker_id: Mapped[str] = mapped_column(String(32))
+    at: Mapped[datetime] = mapped_column(index=True)
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    utilization_pct: Mapped[float] = mapped_column(Float)
+    memory_used_mb: Mapped[float] = mapped_column(Float)
+    memory_total_mb: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_gpu_samples_worker_at", "worker_id", "at"),)
 
 
 class HistoryPoint(Base):

@@ -6,6 +6,7 @@ Every label is escaped; numbers are formatted by us.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
@@ -34,8 +35,14 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}".rstrip("0").rstrip(".")
 
 
-def line_chart(title: str, series: list[Series], *, width: int = 640, height: int = 200, unit: str = "") -> Markup:
-    """Several series on one time axis, with a legend and min/max labels."""
+def line_chart(
+    title: str, series: list[Series], *, width: int = 640, height: int = 200, unit: str = "", step: bool = False
+) -> Markup:
+    """Several series on one time axis, with a legend and min/max labels.
+
+    `step`: a sampled count (queue depth, fleet size) holds its value until the next
+    sample, so it is drawn flat then straight up or down; a slope between two samples
+    would show values that never existed (2.5 machines)."""
     left, right, top, bottom = 48, 10, 24, 36
     plot_w, plot_h = width - left - right, height - top - bottom
     all_points = [p for s in series for p in s.points]
@@ -77,7 +84,13 @@ def line_chart(title: str, series: list[Series], *, width: int = 640, height: in
             x, y = xy(*points[0]).split(",")
             parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{colour}"/>')
         else:
-            path = " ".join(xy(at, v) for at, v in points)
+            if step:
+                corners = [points[0]]
+                for (_, before), (at, v) in itertools.pairwise(points):
+                    corners += [(at, before), (at, v)]
+                path = " ".join(xy(at, v) for at, v in corners)
+            else:
+                path = " ".join(xy(at, v) for at, v in points)
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{path}"/>')
         parts.append(
             f'<rect x="{legend_x}" y="{height - 12}" width="10" height="4" fill="{colour}"/>'

@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from autoscaler.admission.why_db import team_standing, why_task
@@ -25,11 +26,12 @@ from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
 from autoscaler.notify.deliver import delivery_rows
+from autoscaler.queueing import gpu_samples
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
 from autoscaler.web import views
-from autoscaler.web.charts import line_chart
+from autoscaler.web.charts import Series, line_chart
 from autoscaler.web.render import render
 from autoscaler.web.session import clear_session, cookie_principal, principal_for_token, set_session
 
@@ -91,7 +93,14 @@ def login_form(request: Request, ctx: Ctx, next: str | None = None) -> Response:
     with tx(ctx) as s:
         if cookie_principal(request, s, ctx) is not None:
             return RedirectResponse(_safe_next(next), status_code=303)
-    return render("login.html", viewer=None, nav="", error=None, next=_safe_next(next))
+    return render(
+        "login.html", viewer=None, nav="", error=None, next=_safe_next(next), token_file=_admin_token_file(ctx)
+    )
+
+
+def _admin_token_file(ctx: AppContext) -> str:
+    """Where the server keeps the admin token (set by the server at start)."""
+    return str(ctx.admin_token_file or "HOME/admin.token")
 
 
 def _safe_next(target: str | None) -> str:
@@ -107,12 +116,28 @@ async def login(request: Request, ctx: Ctx) -> Response:
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or ["/"])[0])
     if not token or len(token) > 256:
-        return render("login.html", status=401, viewer=None, nav="", error="paste an admin or team token", next=target)
+        return render(
+            "login.html",
+            status=401,
+            viewer=None,
+            nav="",
+            error="paste an admin or team token",
+            next=target,
+            token_file=_admin_token_file(ctx),
+        )
     try:
         with tx(ctx) as s:
             principal_for_token(request, s, ctx, token)
     except AutoscalerError as exc:
-        return render("login.html", status=exc.http_status, viewer=None, nav="", error=exc.message, next=target)
+        return render(
+            "login.html",
+            status=exc.http_status,
+            viewer=None,
+            nav="",
+            error=exc.message,
+            next=target,
+            token_file=_admin_token_file(ctx),
+        )
     response = RedirectResponse(target, status_code=303)
     set_session(response, request, token)
     return response
@@ -146,7 +171,10 @@ def overview(request: Request, ctx: Ctx) -> Response:
             spend=_spend(ctx, s, team),
             latest=views.decisions(s, team, limit=1),
             alerts=delivery_rows(s, limit=10, team=team),
-            charts=[line_chart(views.CHART_TITLES.get(m, m), series) for m, series in list(charts.items())[:3]],
+            charts=[
+                line_chart(views.CHART_TITLES.get(m, m), series, step=m in views.STEP_METRICS)
+                for m, series in list(charts.items())[:3]
+            ],
         )
 
 
@@ -201,8 +229,12 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
         now = ctx.clock.now()
         boot = {p.name: p.boot_timeout_s for p in ctx.config.pools}
         why = why_task(s, task, boot_timeouts=boot, now=now) if task.state == "queued" else None
+        use = gpu_samples.task_use(s, task.id, now=now) if task.gpus else None
         return render(
             "task.html",
+            gpu_use=use,
+            gpu_chart=gpu_use_chart(use) if use is not None else None,
+            retention=ctx.config.retention,
             viewer=viewer,
             nav="tasks",
             refresh=REFRESH_S,
@@ -211,6 +243,21 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
             why=why,
             now=now,
         )
+
+
+def gpu_use_chart(use: gpu_samples.GpuUse) -> Markup:
+    """Utilisation and memory (both in % of the task's GPUs) over the task's attempts."""
+    return line_chart(
+        "GPU use of this task (%)",
+        [
+            Series("utilisation", [(p.at, p.utilization_pct) for p in use.points]),
+            Series(
+                "memory",
+                [(p.at, p.memory_used_mb / p.memory_total_mb * 100) for p in use.points if p.memory_total_mb > 0],
+            ),
+        ],
+        unit=" %",
+    )
 
 
 @router.get("/fleet")
@@ -268,7 +315,9 @@ def charts(request: Request, ctx: Ctx, hours: str | None = None) -> Response:
             nav="charts",
             refresh=REFRESH_S * 6,
             hours=n,
-            charts=[line_chart(views.CHART_TITLES.get(m, m), ss) for m, ss in series.items()],
+            charts=[
+                line_chart(views.CHART_TITLES.get(m, m), ss, step=m in views.STEP_METRICS) for m, ss in series.items()
+            ],
         )
 
 

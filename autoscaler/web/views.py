@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,9 @@ CHART_TITLES = {
     "spend_mtd_usd": "Spend month-to-date (USD)",
     "burn_usd_per_hour": "Burn rate (USD/h)",
 }
+# Sampled counts and rates: each holds until the next sample (drawn as steps). Spend
+# month-to-date accrues continuously, so a slope between samples is true there.
+STEP_METRICS = frozenset({"queue_depth", "fleet_instances", "burn_usd_per_hour"})
 # Series keyed by team name, the only history a team member is shown: queue and
 # fleet series mix every team's work.
 TEAM_METRICS = ("spend_mtd_usd", "burn_usd_per_hour")
@@ -251,10 +254,17 @@ def unattached_workers(session: Session, team: str | None) -> list[Worker]:
 class DecisionView:
     record: DecisionRecord
     reasons: list[str]
-    plan: dict[str, int]
+    plan: list[str]  # what the cycle planned, in words ("launch 2 machines")
     team_decision: dict[str, Any] | None
     # The team's standing in plain words ("may grow" only when it may); None for admins.
     verdict: str | None = None
+    # Older cycles that said exactly the same (collapsed into this entry), and the
+    # time of the oldest of them.
+    repeats: int = 0
+    since: datetime | None = None
+
+    def said(self) -> tuple[Any, ...]:
+        return (tuple(self.reasons), tuple(self.plan), self.verdict, self.record.error, self.record.policy_revision)
 
 
 def _reason_text(reason: Any) -> str:
@@ -267,8 +277,59 @@ def _reason_text(reason: Any) -> str:
     return str(reason)
 
 
-def _plan_counts(plan: dict[str, Any]) -> dict[str, int]:
-    return {k: len(v) if isinstance(v, list | dict) else int(bool(v)) for k, v in plan.items() if v}
+# The plan's parts in words: (singular, plural) of what a count of them is. "launch"
+# and "drain" are the short keys of early records.
+PLAN_WORDS = {
+    "launches": ("launch {n} machine", "launch {n} machines"),
+    "launch": ("launch {n} machine", "launch {n} machines"),
+    "drains": ("drain {n} idle or unneeded worker", "drain {n} idle or unneeded workers"),
+    "drain": ("drain {n} idle or unneeded worker", "drain {n} idle or unneeded workers"),
+    "terminations": ("terminate {n} machine", "terminate {n} machines"),
+    "holds": ("keep {n} group of tasks waiting", "keep {n} groups of tasks waiting"),
+    "placed_on_existing": ("place {n} task on running machines", "place {n} tasks on running machines"),
+}
+
+
+def _plan_words(plan: dict[str, Any]) -> list[str]:
+    """What a plan does, in words. A record keeps at most a few items of each list and
+    their full count under `<key>_count`: the count wins, and is never shown itself."""
+    out = []
+    for key, value in plan.items():
+        if key.endswith("_count") or key == "notes":
+            continue
+        n = plan.get(f"{key}_count")
+        if not isinstance(n, int):
+            n = (
+                len(value)
+                if isinstance(value, list | dict)
+                else (value if isinstance(value, int) else int(bool(value)))
+            )
+        if not n:
+            continue
+        one, many = PLAN_WORDS.get(key, (f"{key.replace('_', ' ')}: {{n}}", f"{key.replace('_', ' ')}: {{n}}"))
+        out.append((one if n == 1 else many).format(n=n))
+    for key, n in plan.items():  # a lean record keeps counts only
+        base = key.removesuffix("_count")
+        if key.endswith("_count") and base not in plan and isinstance(n, int) and n:
+            one, many = PLAN_WORDS.get(base, (f"{base.replace('_', ' ')}: {{n}}", f"{base.replace('_', ' ')}: {{n}}"))
+            out.append((one if n == 1 else many).format(n=n))
+    return out
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
+def collapse(views: list[DecisionView]) -> list[DecisionView]:
+    """Consecutive cycles that said the same thing become one entry with a count: a
+    steady state (the same warning every 15 s) is one line, not a page of them."""
+    out: list[DecisionView] = []
+    for v in views:  # newest first
+        if out and out[-1].said() == v.said():
+            out[-1] = replace(out[-1], repeats=out[-1].repeats + 1, since=v.record.at)
+        else:
+            out.append(v)
+    return out
 
 
 def decisions(session: Session, team: str | None, limit: int, now_verdict: str | None = None) -> list[DecisionView]:
@@ -279,7 +340,9 @@ def decisions(session: Session, team: str | None, limit: int, now_verdict: str |
     out: list[DecisionView] = []
     for r in rows:
         if team is None:
-            out.append(DecisionView(r, [_reason_text(x) for x in r.reasons or []], _plan_counts(r.plan or {}), None))
+            out.append(
+                DecisionView(r, _unique([_reason_text(x) for x in r.reasons or []]), _plan_words(r.plan or {}), None)
+            )
             continue
         # A team sees the policy's word about itself, never the fleet-wide figures.
         mine = [_reason_text(x) for x in r.reasons or [] if isinstance(x, dict) and x.get("team") == team]
@@ -287,8 +350,8 @@ def decisions(session: Session, team: str | None, limit: int, now_verdict: str |
         mine += [line for line in team_lines(r.result or {}, plan, team) if not line.startswith(f"team {team}:")]
         said = ((r.result or {}).get("teams") or {}).get(team)
         words = now_verdict if (now_verdict is not None and not out) else verdict(r.result or {}, plan, team)
-        out.append(DecisionView(r, mine, {}, said if isinstance(said, dict) else None, words))
-    return out
+        out.append(DecisionView(r, _unique(mine), [], said if isinstance(said, dict) else None, words))
+    return collapse(out)
 
 
 def history(session: Session, team: str | None, now: datetime, hours: int) -> dict[str, list[Series]]:

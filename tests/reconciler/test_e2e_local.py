@@ -93,6 +93,17 @@ def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) ->
         assert any(r.startswith("terminate instance") and "drained" in r for r in reasons)
         spend = api.get("/api/v1/spend").json()
         assert [t["team"] for t in spend["teams"]] == ["vision"] and spend["total_usd"] > 0
+        # The server's own log tells the story, one line per event (issue 23 item 7).
+        lines = [ln for ln in log.read_text().splitlines() if " INFO autoscaler.lifecycle: " in ln]
+        story = "\n".join(lines)
+        iid, tid = inst["id"], task["id"]
+        assert any(f"instance {iid}" in ln and "launch requested" in ln and "vision" in ln for ln in lines), story
+        assert any(f"instance {iid}" in ln and "launching -> booting" in ln for ln in lines), story
+        assert any(f"task {tid}" in ln and "queued -> leased" in ln for ln in lines), story
+        assert any(f"task {tid}" in ln and "running -> succeeded" in ln for ln in lines), story
+        assert any("draining within" in ln and "idle for" in ln for ln in lines), story
+        assert any(f"instance {iid}" in ln and "terminating -> terminated" in ln for ln in lines), story
+        assert all(len(ln) < 400 for ln in lines), story  # concise
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -93,6 +93,14 @@ def _fill(engine: Engine) -> None:
         task = task_ops.lease(s, worker.id, now=now)
         assert task is not None
         task_ops.append_logs(s, worker.id, task.id, [("stdout", "hello")], now=now)
+        # 0012: a GPU sample of the worker (the attempt above holds its GPU 0).
+        worker_ops.heartbeat(
+            s,
+            worker.id,
+            now=now,
+            gpu_metrics=[{"index": 0, "utilization_pct": 50.0, "memory_used_mb": 1.0, "memory_total_mb": 2.0}],
+            gpu_sample_interval_s=0,
+        )
         # 0010: a consumed join token (above) and a recorded security event.
         security.record(
             s, SecurityNote(kind=security.JOIN_REPLAY, detail="test", token_id=join.id, token_kind="join"), now=now

@@ -103,3 +103,21 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     assert "| ours |" in (tmp_path / "report.md").read_text()
     assert rep["settings"]["checkpoint_every_s"] == 1800.0
     assert rep["usd_per_completed_gpu_hour"] > 0
+
+
+def test_split_note_counts_the_slice_not_the_whole_trace() -> None:
+    """Issue 23 item 11: "359 job(s) wider than 8 GPUs split" was printed for a one-day
+    slice of 77 tasks; the count is the slice's own jobs."""
+    from autoscaler.sim.workload import Workload, split_note, split_wide
+
+    tasks = [
+        *split_wide("a", "t", 10.0, 60.0, 16),  # day 0: one job, two tasks
+        *split_wide("b", "t", 20.0, 60.0, 4),
+        *split_wide("c", "t", 2 * 86400.0, 60.0, 24),  # day 2
+        *split_wide("d", "t", 3 * 86400.0, 60.0, 9),
+    ]
+    whole = Workload("w", tuple(tasks), ("teams note", split_note(tasks, "pod") or ""), split_unit="pod")
+    assert whole.notes[1] == "3 pod(s) wider than 8 GPUs split into 8-GPU tasks"
+    day = whole.first_days(1)
+    assert len(day.tasks) == 3 and day.notes == ("teams note", "1 pod(s) wider than 8 GPUs split into 8-GPU tasks")
+    assert whole.first_days(0.0001).notes == ("teams note",)  # no split job in the slice: no note

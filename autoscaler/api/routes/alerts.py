@@ -45,6 +45,8 @@ def alerts(
             if team is not None and team != principal.team:
                 raise Forbidden(f"a token of team {principal.team} cannot see team {team}'s alerts")
             team = principal.team
+        elif team is not None:
+            ctx.config.check_team(team)
         rows = delivery_rows(s, limit=limit, team=team)
     channels = [{"name": c.name, "type": c.type} for c in ctx.config.notifications.channels]
     return {"channels": channels, "alerts": rows}

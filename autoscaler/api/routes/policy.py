@@ -7,9 +7,10 @@ right thing (kept the last good policy), so it answers 200 with `ok: false` and 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
@@ -31,6 +32,10 @@ class PolicyStatusOut(BaseModel):
     last_reload_error: str | None
     last_eval_error: str | None
     test_cases_passed: int
+    modules: list[str] = Field(default_factory=list, description="Rego modules in force (embedded engine).")
+    data: dict[str, Any] | None = Field(
+        None, description="The policy data in force (budgets, priorities, placement); admins only."
+    )
 
 
 class ReloadOut(BaseModel):
@@ -51,8 +56,11 @@ def service_of(ctx: AppContext) -> PolicyService:
 @router.get("/policy", response_model=PolicyStatusOut)
 def policy_status(auth: Auth, ctx: Ctx) -> PolicyStatusOut:
     with tx(ctx) as s:
-        auth.user(s)
-    return PolicyStatusOut(**service_of(ctx).status())
+        principal = auth.user(s)
+    service = service_of(ctx)
+    modules, data = service.in_force()
+    # Other teams' budgets and quotas are FinOps' business: a team token gets the rest.
+    return PolicyStatusOut(**service.status(), modules=modules, data=data if principal.is_admin else None)
 
 
 @router.post("/policy/reload", response_model=ReloadOut)

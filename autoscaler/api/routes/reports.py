@@ -47,6 +47,8 @@ def spend_report(
         principal = auth.user(s)
         if not principal.is_admin and not principal.team:
             raise Forbidden("this team token names no team")
+        if principal.is_admin and team is not None:
+            ctx.config.check_team(team)
         scope = team if principal.is_admin else principal.team
         lines = spend_lines(s, month, team=scope, prices=list_prices(ctx.config))
         rows = [focus_row(line, deployment=ctx.config.deployment) for line in lines]

@@ -45,6 +45,8 @@ def spend(
             if team is not None and team != principal.team:
                 raise Forbidden(f"a token of team {principal.team!r} cannot read team {team!r}'s spend")
             team = principal.team
+        elif team is not None:
+            ctx.config.check_team(team)
         now = ctx.clock.now()
         rows = spend_report(s, now=now, month=month, team=team, shared=shared_pools(ctx.config))
     label = rows[0].month if rows else (month or f"{now:%Y-%m}")

@@ -13,10 +13,21 @@ from autoscaler.admission.shapes import Catalog
 from autoscaler.admission.why_db import why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
-from autoscaler.api.schemas import LogChunkOut, TaskAttemptOut, TaskDetail, TaskEventOut, TaskIn, TaskOut, TaskWhyOut
+from autoscaler.api.schemas import (
+    GpuPointOut,
+    LogChunkOut,
+    TaskAttemptOut,
+    TaskDetail,
+    TaskEventOut,
+    TaskGpuOut,
+    TaskIn,
+    TaskOut,
+    TaskWhyOut,
+)
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import Forbidden, NotFound
 from autoscaler.ledger.attempts import attempts_of, task_totals
+from autoscaler.queueing import gpu_samples
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import Task, TaskEvent
@@ -48,6 +59,7 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
         if principal.is_admin:
             # An admin enqueues for a named team, or for the catch-all team "default".
             team = body.team or "default"
+            ctx.config.check_team(team)
         else:
             if body.team and body.team != principal.team:
                 raise Forbidden(f"a {principal.team} token cannot enqueue for team {body.team}")
@@ -81,6 +93,8 @@ def list_tasks(
             if team and team != principal.team:
                 return []
             team = principal.team
+        elif team:
+            ctx.config.check_team(team)
         if team:
             stmt = stmt.where(Task.team == team)
         if queue:
@@ -101,6 +115,28 @@ def get_task(task_id: str, auth: Auth, ctx: Ctx) -> TaskDetail:
             events=[TaskEventOut.model_validate(e) for e in events],
             attempt_costs=[TaskAttemptOut.model_validate(a) for a in attempts_of(s, [task.id])[task.id]],
         )
+
+
+@router.get("/{task_id}/gpu", response_model=TaskGpuOut)
+def gpu_use(task_id: str, auth: Auth, ctx: Ctx) -> TaskGpuOut:
+    """GPU utilisation and memory of the task's GPUs over its attempts (team-visible)."""
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        use = gpu_samples.task_use(s, task.id, now=ctx.clock.now())
+    return task_gpu_out(task.id, use, ctx)
+
+
+def task_gpu_out(task_id: str, use: gpu_samples.GpuUse, ctx: AppContext) -> TaskGpuOut:
+    return TaskGpuOut(
+        task_id=task_id,
+        samples=use.samples,
+        mean_utilization_pct=use.mean_utilization_pct,
+        peak_memory_used_mb=use.peak_memory_used_mb,
+        memory_total_mb=use.memory_total_mb,
+        sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
+        retention_days=ctx.config.retention.gpu_samples_days,
+        points=[GpuPointOut(**p.__dict__) for p in use.points],
+    )
 
 
 @router.get("/{task_id}/why", response_model=TaskWhyOut)

@@ -132,6 +132,7 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
             preempted=body.preempted,
             preempt_reason=body.preempt_reason,
             preempt_deadline=body.preempt_deadline,
+            gpu_sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
         )
     return HeartbeatOut(
         drain=reply.drain,
