@@ -110,6 +110,9 @@ class PoolConfig(_Strict):
 
 class PolicyConfig(_Strict):
     engine: Literal["embedded", "opa"] = "embedded"
+    interpreter: Literal["regorus", "rego-cpp"] = Field(
+        "regorus", description="The embedded engine's Rego interpreter (docs/policies.md, 'Engines')."
+    )
     dir: str | None = Field(None, description="Policy directory; default: the policies shipped with the package.")
     opa_url: str | None = None
     package: str = "autoscaler"

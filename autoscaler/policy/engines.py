@@ -1,5 +1,8 @@
 """The two PolicyEngine implementations: embedded Rego (default) and an OPA server.
 
+The embedded engine runs one of two interpreters (interpreters.py): regorus (default)
+or rego-cpp.
+
 Both share one rule: `evaluate` never raises for a policy or engine problem. A failed,
 undefined, malformed or timed-out evaluation returns `Decision.failed(...)`: no team
 may add capacity this cycle, running work is untouched, and the error is carried in
@@ -19,9 +22,10 @@ from pydantic import ValidationError
 
 from autoscaler.ledger.period import hours_between, month_bounds
 from autoscaler.policy.bundle import PolicyBundle, entrypoint
+from autoscaler.policy.interpreters import DEFAULT_INTERPRETER, Runtime, make_runtime
 from autoscaler.policy.isolation import EngineUnavailable, IsolatedRego
 from autoscaler.policy.problems import Problem
-from autoscaler.policy.rego import RegoFailure, RegoRuntime
+from autoscaler.policy.rego import RegoFailure
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyInput
 
 
@@ -78,15 +82,10 @@ def to_decision(value: Any, team_names: list[str]) -> Decision:
     return decision
 
 
-class InProcessRego(RegoRuntime):
-    def close(self) -> None:
-        pass
-
-
 class EmbeddedEngine:
-    """Rego evaluated by rego-cpp from a compiled bundle.
+    """Rego evaluated by an embedded interpreter (regorus or rego-cpp) from a bundle.
 
-    `isolate=True` (the service) runs rego-cpp in a child process with a timeout.
+    `isolate=True` (the service) runs the interpreter in a child process with a timeout.
     `isolate=False` runs it in this process: for the simulator and `policy` CLI
     commands, which evaluate thousands of times and where an engine crash ends only
     that run, not a service others depend on; it also has no timeout.
@@ -99,10 +98,14 @@ class EmbeddedEngine:
         package: str = "autoscaler",
         timeout_s: float = 2.0,
         isolate: bool = True,
+        interpreter: str = DEFAULT_INTERPRETER,
     ) -> None:
         self.bundle = bundle
         self.package = package
-        self.backend: IsolatedRego | InProcessRego = IsolatedRego(timeout_s) if isolate else InProcessRego()
+        self.interpreter = interpreter
+        self.backend: IsolatedRego | Runtime = (
+            IsolatedRego(timeout_s, interpreter) if isolate else make_runtime(interpreter)
+        )
         self._entrypoint = entrypoint(package)
 
     @property
