@@ -171,7 +171,11 @@ class IsolatedRego:
         self._loaded = req
 
     def evaluate(self, policy_input: dict[str, Any]) -> tuple[Any, float]:
-        value, eval_ms = self.request({"op": "eval"}, payload=json.dumps(policy_input))
+        return self.evaluate_text(json.dumps(policy_input))
+
+    def evaluate_text(self, input_text: str) -> tuple[Any, float]:
+        """`input_text` must be one line of JSON (json.dumps writes no raw newline)."""
+        value, eval_ms = self.request({"op": "eval"}, payload=input_text)
         return value, float(eval_ms or 0.0)
 
     def unknown_functions(self, names: list[str]) -> list[str]:
