@@ -5,7 +5,8 @@
 Prints the median and p99 of `PolicyService.evaluate` for the isolated engine (child
 process, what the server runs) and in-process (what the simulator runs), the child
 round-trip overhead on a tiny input, and how long rego-cpp takes just to read the
-large input (`set_input_term`), which no policy change can remove.
+large input (`set_input_term`). `--breakdown` times each step of one in-process
+regorus evaluation alone (serialising, reading the input, the rules, the decision).
 
 `--baseline DIR` measures another policy directory in the same run, so before/after
 figures share the machine's load (for example an earlier revision:
@@ -199,6 +200,43 @@ def side_by_side(previous: Path, runs: int, teams: int, pools: int, queues: int)
         raise SystemExit("the two trees decided differently on the large input")
 
 
+def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
+    """The steps of one in-process regorus evaluation, each timed alone (medians)."""
+    import regorus
+
+    from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
+    from autoscaler.policy.engines import canonical_json, to_decision
+
+    big = big_input(teams, pools, queues)
+    names = [t.name for t in big.teams]
+    bundle = load_bundle(shipped_policy_dir())
+    engine = regorus.Engine()
+    for rel, source in sorted(bundle.modules.items()):
+        engine.add_policy(rel, source)
+    engine.add_data(bundle.data)
+    doc = input_document(big)
+    text = canonical_json(doc)
+    engine.set_input_json(text)
+    out = engine.eval_rule_as_json("data.autoscaler.decision")
+    steps = {
+        "input_document (pydantic dump + joins)": lambda: input_document(big),
+        "canonical_json (one json.dumps)": lambda: canonical_json(doc),
+        "regorus set_input_json": lambda: engine.set_input_json(text),
+        "regorus evaluation of data.autoscaler.decision": lambda: engine.eval_rule_as_json("data.autoscaler.decision"),
+        "json.loads + to_decision": lambda: to_decision(json.loads(out), names),
+    }
+    for rule in ("teams", "priorities.quota_full", "priorities.borrowable", "budgets.status"):
+        steps[f"  of which data.autoscaler.{rule}"] = lambda r=rule: engine.eval_rule_as_json(f"data.autoscaler.{r}")
+    for name, step in steps.items():
+        step()
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - started) * 1000)
+        print(f"{name:48s} {statistics.median(times):9.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -208,7 +246,11 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another policy directory to measure in the same run")
     parser.add_argument("--previous", type=Path, help="another tree (git archive) to measure side by side")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help="time the steps of one regorus evaluation")
     args = parser.parse_args()
+    if args.breakdown:
+        breakdown(args.teams, args.pools, args.queues)
+        return
     if args.worker:
         worker(args.teams, args.pools, args.queues)
         return
