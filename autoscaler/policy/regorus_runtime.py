@@ -35,6 +35,9 @@ _LOCATION = re.compile(r"-->\s*(?P<file>.+?):(?P<line>\d+):(?P<col>\d+)")
 _ERROR = re.compile(r"^error:\s*(?P<message>.+)$", re.MULTILINE)
 _NOT_A_RULE = "not a valid rule path"
 _NO_FUNCTION = "could not find function"
+# What eval_rule_as_json writes for an undefined rule. A decision must be an object, so a
+# policy whose decision really is this string loses nothing by reading it as undefined.
+_UNDEFINED = '"<undefined>"'
 T = TypeVar("T")
 _Call = tuple[Callable[[dict[str, Any]], Any], Future[Any]]
 
@@ -170,7 +173,7 @@ class RegorusRuntime:
         """
         started = time.perf_counter()
         out = self._owner.call(lambda state: _evaluate(state, input_text))
-        value = json.loads(out)
+        value = None if out.strip() == _UNDEFINED else json.loads(out)
         return value, (time.perf_counter() - started) * 1000
 
     def unknown_functions(self, names: list[str]) -> list[str]:

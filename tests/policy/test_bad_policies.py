@@ -203,3 +203,28 @@ def test_a_broken_policy_at_start_is_refused_with_a_clear_error(tmp_path):
         PolicyService(PolicyConfig(dir=str(directory)), isolate=False)
     with pytest.raises(PolicyError, match=r"cannot be put in force: .*extra.rego:5:\d+: this is unclosed"):
         PolicyService(PolicyConfig(dir=str(directory), interpreter="rego-cpp"), isolate=False)
+
+
+@pytest.mark.parametrize("interpreter", INTERPRETERS)
+def test_an_undefined_decision_fails_safe_and_says_so(tmp_path, interpreter):
+    (tmp_path / "decision.rego").write_text(
+        'package autoscaler\n\nimport rego.v1\n\ndecision := {"warn": []} if input.fleet.never == 1\n'
+    )
+    engine = EmbeddedEngine(load_bundle(tmp_path, with_cases=False), isolate=False, interpreter=interpreter)
+    try:
+        assert engine.compile() == []
+        result = engine.evaluate(complete_input({"now": NOW, "teams": [{"name": "research"}]}))
+        assert result.decision.fail_safe
+        assert "the policy's decision is undefined" in (result.error or "")
+    finally:
+        engine.close()
+
+
+def test_a_bundle_without_the_decision_package_is_refused_by_regorus(tmp_path):
+    (tmp_path / "other.rego").write_text("package other\n\nimport rego.v1\n\nx := 1\n")
+    engine = EmbeddedEngine(load_bundle(tmp_path, with_cases=False), isolate=False, interpreter="regorus")
+    try:
+        (problem,) = engine.compile()
+        assert "no module declares package autoscaler" in str(problem)
+    finally:
+        engine.close()
