@@ -173,6 +173,9 @@ def options_model(provider: ProviderKind) -> type[DriverOptions]:
 
 class PolicyConfig(_Strict):
     engine: Literal["embedded", "opa"] = "embedded"
+    interpreter: Literal["regorus", "rego-cpp"] = Field(
+        "regorus", description="The embedded engine's Rego interpreter (docs/policies.md, 'Engines')."
+    )
     dir: str | None = Field(None, description="Policy directory; default: the policies shipped with the package.")
     opa_url: str | None = None
     package: str = "autoscaler"

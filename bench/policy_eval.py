@@ -5,21 +5,35 @@
 Prints the median and p99 of `PolicyService.evaluate` for the isolated engine (child
 process, what the server runs) and in-process (what the simulator runs), the child
 round-trip overhead on a tiny input, and how long rego-cpp takes just to read the
-large input (`set_input_term`), which no policy change can remove.
+large input (`set_input_term`). `--breakdown` times each step of one in-process
+regorus evaluation alone (serialising, reading the input, the rules, the decision).
 
 `--baseline DIR` measures another policy directory in the same run, so before/after
 figures share the machine's load (for example an earlier revision:
 `git archive <rev> policies | tar -x -C /tmp/before`, then `--baseline /tmp/before/policies`).
+
+`--previous TREE` measures a whole other tree (code, engine and policies) side by side
+with this one, in one run: each tree evaluates in its own worker process (this script
+with `--worker`, its imports resolved in that tree), the driver alternates single runs
+between them, prints medians and ratios, and checks the two trees' decisions on the
+large input agree (floats to 12 significant digits: rego-cpp prints 15-16):
+
+    rm -rf /tmp/prev && mkdir /tmp/prev && git archive HEAD~1 | tar -x -C /tmp/prev
+    .venv/bin/python bench/policy_eval.py --previous /tmp/prev --runs 20
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from autoscaler.config import PolicyConfig
 from autoscaler.policy.cases import complete_input
@@ -109,6 +123,120 @@ def p99(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
 
 
+# ------------------------------------------------------------------ two trees side by side
+
+
+def normalized(value: Any) -> Any:
+    """A decision with floats to 12 significant digits, for comparing across interpreters."""
+    if isinstance(value, dict):
+        return {k: normalized(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    return value
+
+
+def worker(teams: int, pools: int, queues: int) -> None:
+    """One tree's side: answers `<mode> <size>` lines with the ms of one evaluation."""
+    big = big_input(teams, pools, queues)
+    tiny = complete_input({"now": "2026-03-16T00:00:00Z", "teams": [{"name": "research"}]})
+    inputs = {"large": big, "tiny": tiny}
+    services = {
+        mode: PolicyService(PolicyConfig(timeout_s=120), isolate=mode == "isolated")
+        for mode in ("isolated", "in-process")
+    }
+    for service in services.values():
+        for policy_input in inputs.values():
+            service.evaluate(policy_input)  # warm-up
+    decision = services["in-process"].evaluate(big).decision.model_dump(mode="json")
+    print(json.dumps({"ready": True, "decision": normalized(decision)}), flush=True)
+    for line in sys.stdin:
+        mode, size = line.split()
+        print(json.dumps(measure(services[mode], inputs[size], 1, warm_up=False)[0]), flush=True)
+    for service in services.values():
+        service.close()
+
+
+def side_by_side(previous: Path, runs: int, teams: int, pools: int, queues: int) -> None:
+    here = Path(__file__).resolve().parents[1]
+    trees = {"previous": previous.resolve(), "this": here}
+    procs = {}
+    for label, tree in trees.items():
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+        cmd += ["--teams", str(teams), "--pools", str(pools), "--queues", str(queues)]
+        procs[label] = subprocess.Popen(
+            cmd, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+    decisions = {}
+    for label, proc in procs.items():
+        assert proc.stdout is not None
+        decisions[label] = json.loads(proc.stdout.readline())["decision"]
+    same = decisions["previous"] == decisions["this"]
+    print(f"input: {teams} teams x {pools} pools x {queues} queues; {runs} runs each, trees alternated")
+    print(f"decisions on the large input: {'the same' if same else 'DIFFERENT'} in both trees")
+    rows: dict[tuple[str, str, str], list[float]] = {}
+    for mode in ("isolated", "in-process"):
+        for size, n in (("large", runs), ("tiny", runs * 10)):
+            for _ in range(n):
+                for label, proc in procs.items():
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(f"{mode} {size}\n")
+                    proc.stdin.flush()
+                    rows.setdefault((mode, size, label), []).append(float(proc.stdout.readline()))
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+    print(f"{'mode':10s} {'input':5s} {'previous':>12s} {'this':>12s} {'ratio':>8s}   (medians; p99 this)")
+    for mode in ("isolated", "in-process"):
+        for size in ("large", "tiny"):
+            before = statistics.median(rows[(mode, size, "previous")])
+            after = statistics.median(rows[(mode, size, "this")])
+            tail = p99(rows[(mode, size, "this")])
+            print(f"{mode:10s} {size:5s} {before:9.2f} ms {after:9.2f} ms {before / after:7.1f}x   p99 {tail:.2f} ms")
+    if not same:
+        raise SystemExit("the two trees decided differently on the large input")
+
+
+def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
+    """The steps of one in-process regorus evaluation, each timed alone (medians)."""
+    import regorus
+
+    from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
+    from autoscaler.policy.engines import canonical_json, to_decision
+
+    big = big_input(teams, pools, queues)
+    names = [t.name for t in big.teams]
+    bundle = load_bundle(shipped_policy_dir())
+    engine = regorus.Engine()
+    for rel, source in sorted(bundle.modules.items()):
+        engine.add_policy(rel, source)
+    engine.add_data(bundle.data)
+    doc = input_document(big)
+    text = canonical_json(doc)
+    engine.set_input_json(text)
+    out = engine.eval_rule_as_json("data.autoscaler.decision")
+    steps = {
+        "input_document (pydantic dump + joins)": lambda: input_document(big),
+        "canonical_json (one json.dumps)": lambda: canonical_json(doc),
+        "regorus set_input_json": lambda: engine.set_input_json(text),
+        "regorus evaluation of data.autoscaler.decision": lambda: engine.eval_rule_as_json("data.autoscaler.decision"),
+        "json.loads + to_decision": lambda: to_decision(json.loads(out), names),
+    }
+    for rule in ("teams", "priorities.quota_full", "priorities.borrowable", "budgets.status"):
+        steps[f"  of which data.autoscaler.{rule}"] = lambda r=rule: engine.eval_rule_as_json(f"data.autoscaler.{r}")
+    for name, step in steps.items():
+        step()
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - started) * 1000)
+        print(f"{name:48s} {statistics.median(times):9.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -116,7 +244,19 @@ def main() -> None:
     parser.add_argument("--pools", type=int, default=50)
     parser.add_argument("--queues", type=int, default=1000)
     parser.add_argument("--baseline", type=Path, help="another policy directory to measure in the same run")
+    parser.add_argument("--previous", type=Path, help="another tree (git archive) to measure side by side")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help="time the steps of one regorus evaluation")
     args = parser.parse_args()
+    if args.breakdown:
+        breakdown(args.teams, args.pools, args.queues)
+        return
+    if args.worker:
+        worker(args.teams, args.pools, args.queues)
+        return
+    if args.previous:
+        side_by_side(args.previous, args.runs, args.teams, args.pools, args.queues)
+        return
     big = big_input(args.teams, args.pools, args.queues)
     tiny = complete_input({"now": "2026-03-16T00:00:00Z", "teams": [{"name": "research"}]})
     print(

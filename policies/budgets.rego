@@ -59,7 +59,7 @@ alerts contains alert if {
 		"level": level(top),
 		"threshold_pct": top,
 		"basis": "actual",
-		"message": sprintf("%s has spent %.0f%% of its %s monthly budget of $%.0f (threshold %v%%)", [name, s.actual_pct, s.kind, s.budget_usd, top]),
+		"message": sprintf("%s has spent %d%% of its %s monthly budget of $%d (threshold %v%%)", [name, lib.whole(s.actual_pct), s.kind, lib.whole(s.budget_usd), top]),
 	}
 }
 
@@ -73,7 +73,7 @@ alerts contains alert if {
 		"level": level(top),
 		"threshold_pct": top,
 		"basis": "forecast",
-		"message": sprintf("%s is forecast to spend %.0f%% of its %s monthly budget of $%.0f by month end (threshold %v%%)", [name, s.forecast_pct, s.kind, s.budget_usd, top]),
+		"message": sprintf("%s is forecast to spend %d%% of its %s monthly budget of $%d by month end (threshold %v%%)", [name, lib.whole(s.forecast_pct), s.kind, lib.whole(s.budget_usd), top]),
 	}
 }
 
@@ -82,7 +82,7 @@ freeze[name] := reason if {
 	some name, s in status
 	s.kind == "hard"
 	s.forecast_pct >= 100
-	reason := sprintf("budget: scale-up frozen, forecast $%.0f reaches the hard budget of $%.0f", [s.forecast_usd, s.budget_usd])
+	reason := sprintf("budget: scale-up frozen, forecast $%d reaches the hard budget of $%d", [lib.whole(s.forecast_usd), lib.whole(s.budget_usd)])
 }
 
 # Hard budgets: drain the team's capacity once actual spend reaches the budget.
@@ -90,7 +90,7 @@ drain[name] := reason if {
 	some name, s in status
 	s.kind == "hard"
 	s.actual_pct >= 100
-	reason := sprintf("budget: hard budget of $%.0f spent (%.0f%%); draining", [s.budget_usd, s.actual_pct])
+	reason := sprintf("budget: hard budget of $%d spent (%d%%); draining", [lib.whole(s.budget_usd), lib.whole(s.actual_pct)])
 }
 
 # USD per hour of new capacity a hard-budget team may add and still end the month
@@ -115,14 +115,14 @@ reasons contains [name, msg] if {
 	some name, s in status
 	s.kind == "soft"
 	s.forecast_pct >= 100
-	msg := sprintf("budget: soft budget of $%.0f forecast at %.0f%%; alert only", [s.budget_usd, s.forecast_pct])
+	msg := sprintf("budget: soft budget of $%d forecast at %d%%; alert only", [lib.whole(s.budget_usd), lib.whole(s.forecast_pct)])
 }
 
 warn contains msg if {
 	some name, s in status
 	s.kind == "soft"
 	s.actual_pct >= 100
-	msg := sprintf("%s is over its soft budget: $%.0f of $%.0f", [name, (s.actual_pct * s.budget_usd) / 100, s.budget_usd])
+	msg := sprintf("%s is over its soft budget: $%d of $%d", [name, lib.whole((s.actual_pct * s.budget_usd) / 100), lib.whole(s.budget_usd)])
 }
 
 warn contains msg if {

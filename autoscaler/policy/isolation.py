@@ -1,9 +1,12 @@
 """Runs the Rego engine in a child process so its crash or hang cannot take the service down.
 
-rego-cpp is native code; some inputs make it crash (SIGSEGV) and a runaway policy can
-loop for ever. The child (`python -m autoscaler.policy.isolation`) speaks JSON lines:
-one request on stdin, one answer on a private copy of stdout (the real fd 1 is pointed
-at stderr so the engine's printf diagnostics cannot corrupt the protocol).
+Both interpreters are native code (rego-cpp C++, regorus Rust); some inputs made
+rego-cpp crash (SIGSEGV) and a runaway policy can loop for ever in either. The child
+(`python -m autoscaler.policy.isolation <interpreter>`) speaks JSON lines: one request
+on stdin, one answer on a private copy of stdout (the real fd 1 is pointed at stderr
+so the engine's printf diagnostics cannot corrupt the protocol). An evaluation sends
+the input as a second line of JSON text that the child hands to the engine as it is:
+decoding it into Python objects only to encode it again cost more than the policy.
 
 The parent waits at most `timeout_s` per request. On a timeout it kills the child; on a
 crash it notices EOF. Either way the request fails (the caller fails safe) and the next
@@ -23,8 +26,9 @@ import threading
 import time
 from typing import IO, Any
 
+from autoscaler.policy.interpreters import DEFAULT_INTERPRETER, make_runtime
 from autoscaler.policy.problems import Problem
-from autoscaler.policy.rego import RegoFailure, RegoRuntime
+from autoscaler.policy.rego import RegoFailure
 
 START_TIMEOUT_S = 30.0
 
@@ -45,7 +49,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child; exercised by 
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    runtime = RegoRuntime()
+    runtime = make_runtime(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_INTERPRETER)
     for line in sys.stdin:
         try:
             req = json.loads(line)
@@ -54,7 +58,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child; exercised by 
                 runtime.load(req["modules"], req["data"], req["entrypoint"])
                 resp: dict[str, Any] = {"ok": True}
             elif op == "eval":
-                value, eval_ms = runtime.evaluate(req["input"])
+                value, eval_ms = runtime.evaluate_text(sys.stdin.readline())
                 resp = {"ok": True, "value": value, "eval_ms": eval_ms}
             elif op == "unknown_functions":
                 resp = {"ok": True, "value": runtime.unknown_functions(req["names"])}
@@ -74,10 +78,11 @@ def child_main() -> None:  # pragma: no cover - runs in the child; exercised by 
 
 
 class IsolatedRego:
-    """The parent side: same operations as RegoRuntime, each bounded by a timeout."""
+    """The parent side: same operations as a Runtime (interpreters.py), each bounded by a timeout."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, interpreter: str = DEFAULT_INTERPRETER) -> None:
         self.timeout_s = timeout_s
+        self.interpreter = interpreter
         self._proc: subprocess.Popen[bytes] | None = None
         self._loaded: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -90,7 +95,7 @@ class IsolatedRego:
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler.policy.isolation"],
+            [sys.executable, "-m", "autoscaler.policy.isolation", self.interpreter],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -114,12 +119,18 @@ class IsolatedRego:
             if stream:
                 stream.close()
 
-    def _roundtrip(self, proc: subprocess.Popen[bytes], req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def _roundtrip(
+        self, proc: subprocess.Popen[bytes], req: dict[str, Any], timeout_s: float, payload: str | None = None
+    ) -> dict[str, Any]:
         stdin: IO[bytes] | None = proc.stdin
         stdout: IO[bytes] | None = proc.stdout
         assert stdin is not None and stdout is not None
+        message = json.dumps(req).encode() + b"\n"
+        if payload is not None:
+            # json.dumps escapes newlines inside strings, so the payload is exactly one line.
+            message += payload.encode() + b"\n"
         try:
-            stdin.write(json.dumps(req).encode() + b"\n")
+            stdin.write(message)
             stdin.flush()
         except (BrokenPipeError, OSError):
             self._kill()
@@ -143,13 +154,13 @@ class IsolatedRego:
         resp: dict[str, Any] = json.loads(buf)
         return resp
 
-    def request(self, req: dict[str, Any], timeout_s: float | None = None) -> Any:
+    def request(self, req: dict[str, Any], timeout_s: float | None = None, payload: str | None = None) -> Any:
         """Send one request; returns its value, raises RegoFailure or EngineUnavailable."""
         with self._lock:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 proc = self._start()
-            resp = self._roundtrip(proc, req, timeout_s or self.timeout_s)
+            resp = self._roundtrip(proc, req, timeout_s or self.timeout_s, payload)
         if not resp.get("ok"):
             raise RegoFailure(_problems_from_json(resp.get("problems", [])))
         return resp.get("value"), resp.get("eval_ms")
@@ -160,7 +171,11 @@ class IsolatedRego:
         self._loaded = req
 
     def evaluate(self, policy_input: dict[str, Any]) -> tuple[Any, float]:
-        value, eval_ms = self.request({"op": "eval", "input": policy_input})
+        return self.evaluate_text(json.dumps(policy_input))
+
+    def evaluate_text(self, input_text: str) -> tuple[Any, float]:
+        """`input_text` must be one line of JSON (json.dumps writes no raw newline)."""
+        value, eval_ms = self.request({"op": "eval"}, payload=input_text)
         return value, float(eval_ms or 0.0)
 
     def unknown_functions(self, names: list[str]) -> list[str]:

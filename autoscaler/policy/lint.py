@@ -1,11 +1,15 @@
-"""Static checks for what rego-cpp accepts too leniently.
+"""Static checks for what the embedded interpreters accept too leniently or read differently.
 
-The engine compiles things OPA v1 would refuse (a rule body without `if`, a partial
-set without `contains`), calls to functions that do not exist only fail at query
-time, and a typo in an input field (`input.teams[_].burn_rate`) is not an error at
-all: the rule silently never matches, which for a budget means it never fires.
-These checks catch those before a policy is put in force. They read source text,
-so they are pure functions; the builtin lookup is passed in.
+rego-cpp compiles things OPA v1 would refuse (a rule body without `if`, a partial
+set without `contains`; regorus refuses the first, accepts the second as OPA does);
+in both, a call to a function that does not exist fails only when its rule is
+evaluated, and a typo in an input field (`input.teams[_].burn_rate`) is not an error
+at all: the rule silently never matches, which for a budget means it never fires.
+Where the two interpreters disagree with OPA (rego-cpp's max()/min() compare numbers
+as text; regorus's sprintf rounds a `%.Nf` tie away from zero) the construct is
+refused, so a policy means the same whichever interpreter `policy.interpreter`
+names. They read source text, so they are pure functions; the builtin lookup is
+passed in.
 """
 
 from __future__ import annotations
@@ -250,11 +254,35 @@ def check_textual_comparisons(rel: str, source: str) -> list[Problem]:
         Problem(
             rel,
             _line(source, m.start()),
-            f"{m.group(1)}() compares numbers as text in the embedded engine (max([80, 100]) is 80); "
+            f"{m.group(1)}() compares numbers as text in rego-cpp (max([80, 100]) is 80); "
             f"use lib.{m.group(1)}_of() from lib.rego",
         )
         for m in _TEXTUAL_NUMERIC.finditer(code)
     ]
+
+
+_FIXED_POINT = re.compile(r"%[-+ #0]*\d*\.\d+f")
+
+
+def check_fixed_point_formats(rel: str, source: str) -> list[Problem]:
+    """regorus rounds a tie in `%.0f` away from zero (102.5 -> 103); OPA and rego-cpp to even (102)."""
+    blanked_comments = _COMMENT.sub(
+        lambda m: " " * len(m.group(0)), _STRING.sub(lambda m: "_" * len(m.group(0)), source)
+    )
+    problems = []
+    for m in _STRING.finditer(source):
+        if blanked_comments[m.start()] == " ":
+            continue  # a string inside a comment
+        for fmt in _FIXED_POINT.finditer(m.group(0)):
+            problems.append(
+                Problem(
+                    rel,
+                    _line(source, m.start()),
+                    f"sprintf format {fmt.group(0)} rounds a tie differently in regorus and OPA/rego-cpp "
+                    "(102.5 prints 103 or 102); print whole numbers with %d and lib.whole(x)",
+                )
+            )
+    return problems
 
 
 def lint(modules: dict[str, str], data: dict[str, Any], unknown: Callable[[list[str]], list[str]]) -> list[Problem]:
@@ -263,6 +291,7 @@ def lint(modules: dict[str, str], data: dict[str, Any], unknown: Callable[[list[
         problems += check_syntax_leniency(rel, source)
         problems += check_input_fields(rel, source)
         problems += check_textual_comparisons(rel, source)
+        problems += check_fixed_point_formats(rel, source)
     problems += check_functions(modules, unknown)
     problems += check_data_roots(modules, data)
     return problems

@@ -164,10 +164,10 @@ class RegoRuntime:
         interp = self._interp or Interpreter()
         return [n for n in names if not interp.is_builtin(n)]
 
-    def _query(self, policy_input: dict[str, Any], entrypoint: str, bundle: Any) -> tuple[bool, str]:
+    def _query(self, input_text: str, entrypoint: str, bundle: Any) -> tuple[bool, str]:
         from regopy import rego_shared
 
-        self._interp.set_input_term(json.dumps(policy_input))
+        self._interp.set_input_term(input_text)
         # The public Output() would raise JSONDecodeError on an error string; read it raw.
         out = rego_shared.rego_bundle_query_entrypoint(self._interp._impl, bundle._impl, entrypoint)
         try:
@@ -177,10 +177,14 @@ class RegoRuntime:
 
     def evaluate(self, policy_input: dict[str, Any]) -> tuple[Any, float]:
         """The entrypoint's value (None when undefined) and the evaluation time in ms."""
+        return self.evaluate_text(json.dumps(policy_input))
+
+    def evaluate_text(self, input_text: str) -> tuple[Any, float]:
+        """`evaluate` for an input already serialised as JSON (what the child receives)."""
         if self._interp is None:
             raise RegoFailure([Problem("(policy)", None, "no policy loaded")])
         started = time.perf_counter()
-        ok, text = self._query(policy_input, self._entrypoint, self._bundle)
+        ok, text = self._query(input_text, self._entrypoint, self._bundle)
         eval_ms = (time.perf_counter() - started) * 1000
         if ok and text == "undefined":
             return None, eval_ms
@@ -193,11 +197,11 @@ class RegoRuntime:
         else:
             ok = False
         if not ok:
-            raise RegoFailure(self.diagnose(policy_input, text))
+            raise RegoFailure(self.diagnose(input_text, text))
         exprs = value.get("expressions") if isinstance(value, dict) else None
         return (exprs[0] if exprs else None), eval_ms
 
-    def diagnose(self, policy_input: dict[str, Any], blob: str) -> list[Problem]:
+    def diagnose(self, input_text: str, blob: str) -> list[Problem]:
         """Evaluate each rule alone to find the ones that fail, with file:line."""
         from regopy import Interpreter, RegoError
 
@@ -218,7 +222,7 @@ class RegoRuntime:
         self._interp = interp
         try:
             for path, (rel, line) in sorted(index.items()):
-                ok, text = self._query(policy_input, path, bundle)
+                ok, text = self._query(input_text, path, bundle)
                 if ok and "(error" not in text:
                     continue
                 found = error_messages(text) if ok else []
@@ -230,3 +234,6 @@ class RegoRuntime:
             why = messages[0] if messages else "evaluation failed (no detail from the engine)"
             problems.append(Problem("(policy)", None, f"evaluating {self._entrypoint} failed: {why}"))
         return problems
+
+    def close(self) -> None:
+        """Nothing to release: the interpreter goes with this object."""

@@ -114,7 +114,11 @@ class PolicyService:
         except PolicyError as exc:
             return ReloadOutcome(False, self._current_revision(), None, exc.message), None
         engine = EmbeddedEngine(
-            bundle, package=self.config.package, timeout_s=self.config.timeout_s, isolate=self.isolate
+            bundle,
+            package=self.config.package,
+            timeout_s=self.config.timeout_s,
+            isolate=self.isolate,
+            interpreter=self.config.interpreter,
         )
         report = check_and_test(bundle, engine)
         if not report.ok:
@@ -161,6 +165,7 @@ class PolicyService:
         return {
             "engine": self.config.engine,
             "isolated": self.isolate if self.config.engine == "embedded" else None,
+            "interpreter": self.config.interpreter if self.config.engine == "embedded" else None,
             "directory": str(self.directory) if self.config.engine == "embedded" else None,
             "opa_url": self.config.opa_url if self.config.engine == "opa" else None,
             "package": self.config.package,

@@ -11,6 +11,7 @@ from autoscaler.config import PolicyConfig
 from autoscaler.policy.bundle import load_bundle
 from autoscaler.policy.cases import check, complete_input
 from autoscaler.policy.engines import EmbeddedEngine
+from autoscaler.policy.interpreters import INTERPRETERS
 from autoscaler.policy.problems import PolicyError
 from autoscaler.policy.service import PolicyService
 from tests.policy.helpers import NOW, copy_policies, write_module
@@ -37,6 +38,11 @@ BAD = {
         "input has no field `hours_left_in_perod`",
     ),
     "max compares text": (HEADER + "m := max([80, 100])\n", "extra.rego:5", "compares numbers as text"),
+    "fixed-point format rounds ties apart": (
+        HEADER + '# sprintf("%.0f") in a comment is fine\nm := sprintf("%.0f%%", [102.5])\n',
+        "extra.rego:6",
+        "sprintf format %.0f rounds a tie differently",
+    ),
     "missing import rego.v1": (
         "package autoscaler.extra\n\nx := 1\n",
         "extra.rego:1",
@@ -50,18 +56,42 @@ BAD = {
 }
 
 
+# Where regorus itself refuses the file (at parse time, before the lint runs), its own
+# message is what the author sees; every other check is the lint's, the same for both.
+REGORUS_SAYS = {
+    "syntax error": ("extra.rego:6", "expecting `}` while parsing object"),
+    "rule without if": ("extra.rego:5", "`if` keyword is required before rule body"),
+}
+
+
+def expected(name: str, interpreter: str) -> tuple[str, str]:
+    """(file:line, words) the author must see for BAD[name] under that interpreter."""
+    _, where, reason = BAD[name]
+    return REGORUS_SAYS.get(name, (where, reason)) if interpreter == "regorus" else (where, reason)
+
+
+@pytest.mark.parametrize("interpreter", INTERPRETERS)
 @pytest.mark.parametrize("name", list(BAD))
-def test_check_reports_file_line_and_reason(tmp_path, name):
-    source, where, reason = BAD[name]
+def test_check_reports_file_line_and_reason(tmp_path, name, interpreter):
+    source = BAD[name][0]
+    where, reason = expected(name, interpreter)
     directory = copy_policies(tmp_path)
     write_module(directory, "extra.rego", source)
     bundle = load_bundle(directory)
-    engine = EmbeddedEngine(bundle, isolate=False)
+    engine = EmbeddedEngine(bundle, isolate=False, interpreter=interpreter)
     problems = [str(p) for p in check(bundle, engine)]
     assert any(p.startswith(where) and reason in p for p in problems), problems
 
 
-def test_conflicting_complete_rules_are_named_with_file_and_line(tmp_path):
+CONFLICT_SAYS = {
+    # rego-cpp gives no text for a conflict; the runtime evaluates each rule alone to name it.
+    "rego-cpp": "extra.rego:5: rule autoscaler.extra.level failed",
+    "regorus": "extra.rego:6:1: rule conflicts with rule at extra.rego:5:1",
+}
+
+
+@pytest.mark.parametrize("interpreter", INTERPRETERS)
+def test_conflicting_complete_rules_are_named_with_file_and_line(tmp_path, interpreter):
     directory = copy_policies(tmp_path)
     # Both bodies hold for a team with spend, so `level` has two values.
     write_module(
@@ -76,11 +106,11 @@ def test_conflicting_complete_rules_are_named_with_file_and_line(tmp_path):
         .replace('\t"warn": sort([m | some m in warnings]),\n', "")
     )
     bundle = load_bundle(directory, with_cases=False)
-    engine = EmbeddedEngine(bundle, isolate=False)
+    engine = EmbeddedEngine(bundle, isolate=False, interpreter=interpreter)
     assert engine.compile() == []
     result = engine.evaluate(complete_input({"now": NOW, "teams": [{"name": "research"}]}))
     assert result.decision.fail_safe
-    assert "extra.rego:5: rule autoscaler.extra.level failed" in result.error
+    assert CONFLICT_SAYS[interpreter] in result.error
     assert result.decision.team("research").may_scale_up is False
 
 
@@ -111,7 +141,8 @@ def test_reload_keeps_the_last_good_policy(tmp_path, name):
         outcome = service.reload()
         assert not outcome.ok
         assert outcome.revision == good and outcome.candidate != good
-        assert BAD[name][2] in outcome.message and "extra.rego:" in outcome.message
+        where, reason = expected(name, service.config.interpreter)
+        assert reason in outcome.message and where in outcome.message
         status = service.status()
         assert status["revision"] == good and status["last_reload_error"] == outcome.message
         # The good policy still decides.
@@ -168,5 +199,32 @@ def test_a_good_change_is_swapped_in_by_the_file_watch(tmp_path):
 def test_a_broken_policy_at_start_is_refused_with_a_clear_error(tmp_path):
     directory = copy_policies(tmp_path)
     write_module(directory, "extra.rego", BAD["syntax error"][0])
-    with pytest.raises(PolicyError, match=r"cannot be put in force: .*extra.rego:5:\d+: this is unclosed"):
+    with pytest.raises(PolicyError, match=r"cannot be put in force: .*extra.rego:6:1: expecting `}` while parsing"):
         PolicyService(PolicyConfig(dir=str(directory)), isolate=False)
+    with pytest.raises(PolicyError, match=r"cannot be put in force: .*extra.rego:5:\d+: this is unclosed"):
+        PolicyService(PolicyConfig(dir=str(directory), interpreter="rego-cpp"), isolate=False)
+
+
+@pytest.mark.parametrize("interpreter", INTERPRETERS)
+def test_an_undefined_decision_fails_safe_and_says_so(tmp_path, interpreter):
+    (tmp_path / "decision.rego").write_text(
+        'package autoscaler\n\nimport rego.v1\n\ndecision := {"warn": []} if input.fleet.never == 1\n'
+    )
+    engine = EmbeddedEngine(load_bundle(tmp_path, with_cases=False), isolate=False, interpreter=interpreter)
+    try:
+        assert engine.compile() == []
+        result = engine.evaluate(complete_input({"now": NOW, "teams": [{"name": "research"}]}))
+        assert result.decision.fail_safe
+        assert "the policy's decision is undefined" in (result.error or "")
+    finally:
+        engine.close()
+
+
+def test_a_bundle_without_the_decision_package_is_refused_by_regorus(tmp_path):
+    (tmp_path / "other.rego").write_text("package other\n\nimport rego.v1\n\nx := 1\n")
+    engine = EmbeddedEngine(load_bundle(tmp_path, with_cases=False), isolate=False, interpreter="regorus")
+    try:
+        (problem,) = engine.compile()
+        assert "no module declares package autoscaler" in str(problem)
+    finally:
+        engine.close()

@@ -42,7 +42,7 @@ def test_status_for_users_reload_for_admins(ctx, served):
     assert r.status_code == 403 and "admin" in r.json()["detail"]
 
     good = service.revision
-    write_module(directory, "extra.rego", "package autoscaler.extra\n\nimport rego.v1\n\nx := {\n")
+    write_module(directory, "extra.rego", "package autoscaler.extra\n\nimport rego.v1\n\nx := := 1\n")
     r = client.post("/api/v1/policy/reload", headers=admin)
     assert r.status_code == 200
     body = r.json()
@@ -85,7 +85,7 @@ def test_cli_check_reports_file_and_line(tmp_path):
     directory = copy_policies(tmp_path)
     write_module(directory, "extra.rego", "package autoscaler.extra\n\nimport rego.v1\n\nx := 1 { input.now }\n")
     r = runner.invoke(app, ["policy", "check", str(directory)])
-    assert r.exit_code != 0 and "extra.rego:5: rule body without `if`" in r.output
+    assert r.exit_code != 0 and "extra.rego:5:8: `if` keyword is required before rule body" in r.output
 
 
 def test_cli_eval_prints_the_decision(tmp_path):

@@ -23,6 +23,7 @@ router = APIRouter(prefix="/api/v1", tags=["policy"])
 class PolicyStatusOut(BaseModel):
     engine: str
     isolated: bool | None
+    interpreter: str | None = None  # regorus or rego-cpp; None for OPA
     directory: str | None
     opa_url: str | None
     package: str
