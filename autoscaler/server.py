@@ -27,6 +27,7 @@ from sqlalchemy import select
 from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
+from autoscaler.artifacts.backends import open_store
 from autoscaler.auth.sealing import DEFAULT_KEY_FILE, SecretKeys, load_key_file
 from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
@@ -143,6 +144,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
         sessions=session_factory(engine),
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, home, create=True),
+        artifacts=open_store(config, home),
     )
     catalog = Catalog.from_config(config)
     with transaction(ctx.sessions) as s:
@@ -205,6 +207,7 @@ def app_from_env() -> Any:
         sessions=session_factory(engine),
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, settings.home, create=False),
+        artifacts=open_store(config, settings.home),
     )
     ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
     return create_app(ctx)

@@ -26,7 +26,8 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
 from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
-from autoscaler.api.routes import fleet, queues, tasks, tokens, workers
+from autoscaler.api.routes import artifacts, fleet, queues, tasks, tokens, workers
+from autoscaler.api.routes.artifacts import streams_body
 from autoscaler.auth import security
 from autoscaler.errors import AutoscalerError
 from autoscaler.metrics import route as metrics_route
@@ -85,7 +86,8 @@ class BodyGuard:
         if target_has_nul(scope.get("path", ""), scope.get("query_string", b"")):
             await _send_error(send, 422, NUL_MESSAGE)
             return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["method"] not in ("POST", "PUT", "PATCH") or streams_body(scope["method"], scope.get("path", "")):
+            # Streamed uploads (snapshots, transfers) are bounded by their routes.
             await self.app(scope, receive, send)
             return
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
@@ -193,7 +195,7 @@ def create_app(ctx: AppContext) -> FastAPI:
             s.execute(text("SELECT 1"))
         return {"status": "ok", "version": __version__}
 
-    for module in (queues, tasks, workers, fleet, tokens, report_routes, metrics_route, dashboard):
+    for module in (queues, tasks, workers, artifacts, fleet, tokens, report_routes, metrics_route, dashboard):
         app.include_router(module.router)
     for hook in ctx.extras.get("routers", []):
         app.include_router(hook)

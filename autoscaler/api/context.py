@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.artifacts.store import ArtifactStore
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import PrincipalCache
 from autoscaler.clock import Clock, SystemClock
@@ -28,3 +29,6 @@ class AppContext:
     # Seals task secret_env at enqueue and opens it for the leasing worker. None: this
     # process has no key (a task with secret_env is refused; nothing is ever stored plain).
     secret_keys: SecretKeys | None = None
+    # Where snapshots, outputs and checkpoints are kept (autoscaler.artifacts). None:
+    # this server keeps none (tasks that carry code, outputs or checkpoints are refused).
+    artifacts: ArtifactStore | None = None
