@@ -23,10 +23,12 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from autoscaler.agent import carry
 from autoscaler.agent.decisions import StopRequest, gpu_env
 from autoscaler.agent.task_user import TaskUser, kill_uid
 from autoscaler.agent.wire import LeasedTask, LogChunk
@@ -106,14 +108,22 @@ def _pump(pipe: IO[bytes], stream: Literal["stdout", "stderr"], out: OutputBuffe
     pipe.close()
 
 
+Phase = Literal["prepare", "setup", "run", "save", "done"]
+
+
 class TaskProcess:
+    """One attempt: for a task that carries files or a setup, the phases prepare (fetch
+    code and checkpoint, in a thread), setup (its own process), run, save (outputs and
+    checkpoint, in a thread); otherwise only run. The agent's loop only polls."""
+
     def __init__(
         self,
         task: LeasedTask,
-        proc: subprocess.Popen[bytes],
+        proc: subprocess.Popen[bytes] | None,
         started: float,
         scratch: Path | None,
         user: TaskUser | None = None,
+        launch: _Launch | None = None,
     ) -> None:
         self.task = task
         self.user = user
@@ -125,13 +135,26 @@ class TaskProcess:
         self.term_at: float | None = None
         self.kill_after: float | None = None
         self.killed = False
-        self._readers = [
-            threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{task.id}")
+        self.phase: Phase = "run" if proc is not None else "prepare"
+        # Why the attempt failed before its command ran (code, setup): a start failure.
+        self.failure: str | None = None
+        self._launch = launch
+        self._exit: int | None = None
+        self._bg: threading.Thread | None = None
+        self._next_checkpoint: float | None = None
+        self._readers: list[threading.Thread] = []
+        if proc is not None:
+            self._read(proc)
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        readers = [
+            threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{self.task.id}")
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
             if pipe is not None
         ]
-        for t in self._readers:
+        for t in readers:
             t.start()
+        self._readers += readers
 
     @classmethod
     def start(
@@ -141,6 +164,7 @@ class TaskProcess:
         work_root: Path,
         now: float,
         user: TaskUser | None = None,
+        server_url: str = "",
     ) -> TaskProcess:
         env = {**base_env, **task.env, **task.secret_env, **gpu_env(task.gpu_indices)}
         env["AUTOSCALER_TASK_ID"] = task.id
@@ -166,28 +190,17 @@ class TaskProcess:
                 uid, gid, groups = user.uid, user.gid, list(user.groups)
             if scratch is not None:
                 env["TMPDIR"] = str(scratch)
+        launch = _Launch(cwd=cwd, env=env, uid=uid, gid=gid, groups=groups, user=user, server_url=server_url)
+        if scratch is not None and carries_files(task):
+            tp = cls(task, None, now, scratch, user, launch)
+            tp._background(tp._prepare)
+            return tp
         try:
-            proc = subprocess.Popen(
-                task.command,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: signals reach its children too
-                # The credentials change before preexec_fn runs, so the parent-death
-                # signal set there survives it (a uid change clears it).
-                preexec_fn=_child_setup,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
+            proc = launch.spawn(task.command)
+        except StartFailed:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-            who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise StartFailed(f"cannot start {task.command[0]!r}{who}: {why}") from None
+            raise
         return cls(task, proc, now, scratch, user)
 
     @property
@@ -210,12 +223,113 @@ class TaskProcess:
             self.kill_after = min(self.kill_after, now + grace_s)
 
     def poll(self, now: float) -> int | None:
-        """The return code once the process has ended; escalates to SIGKILL when due."""
+        """The return code once the attempt has ended (its files saved); escalates to
+        SIGKILL when due and moves a carrying task through its phases."""
+        if self.phase == "run" and self._launch is None:
+            assert self.proc is not None
+            return self._poll_proc(now)  # a task that carries nothing: the plain path
+        if self.phase in ("prepare", "save"):
+            if self._bg is not None and self._bg.is_alive():
+                return None
+            if self.phase == "save":
+                self.phase = "done"
+            elif self.failure is not None or self.stop is not None:
+                self.phase, self._exit = "done", -signal.SIGTERM if self.stop is not None else 1
+            else:
+                self._begin("setup" if self.task.setup else "run", now)
+            return self._exit if self.phase == "done" else None
+        if self.phase == "done":
+            return self._exit
+        code = self._poll_proc(now)
+        if code is None:
+            self._checkpoint_if_due(now)
+            return None
+        self._end_group()
+        if self.phase == "setup":
+            if code != 0 and self.stop is None:
+                self.failure = f"setup {_short(self.task.setup)} failed ({_how(code)}); the command did not run"
+            if code != 0 or self.stop is not None:
+                self.phase, self._exit = "done", code
+                return code
+            self._begin("run", now)
+            return None
+        self._exit = code
+        self.phase = "save"
+        if self._bg is not None:
+            self._bg.join()  # a periodic checkpoint still uploading: the final one follows it
+        self._background(self._save)
+        return None
+
+    def _poll_proc(self, now: float) -> int | None:
+        if self.proc is None:
+            return None
         code = self.proc.poll()
         if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
             self.killed = True
             self._signal(signal.SIGKILL)
         return code
+
+    def _begin(self, phase: Phase, now: float) -> None:
+        assert self._launch is not None
+        argv = ["/bin/sh", "-c", self.task.setup or ""] if phase == "setup" else self.task.command
+        if phase == "setup":
+            self.output.add("stderr", f"[autoscaler agent: setup: {self.task.setup}]\n")
+        try:
+            self.proc = self._launch.spawn(argv)
+        except StartFailed as exc:
+            self.failure, self.phase, self._exit = str(exc), "done", 1
+            return
+        self.phase = phase
+        self._read(self.proc)
+        if phase == "run" and self.task.checkpoint_every_s:
+            self._next_checkpoint = now + self.task.checkpoint_every_s
+
+    def _background(self, work: Callable[[], None]) -> None:
+        self._bg = threading.Thread(target=work, daemon=True, name=f"carry-{self.task.id}")
+        self._bg.start()
+
+    def _note(self, line: str) -> None:
+        self.output.add("stderr", f"[autoscaler agent: {line}]\n")
+
+    def _prepare(self) -> None:
+        assert self.scratch is not None and self._launch is not None
+        try:
+            carry.fetch_code(self._launch.server_url, self.task, self.scratch, self.user, self._note)
+            carry.restore_checkpoint(self._launch.server_url, self.task, self.scratch, self.user, self._note)
+        except (carry.CarryFailed, OSError, ValueError) as exc:
+            self.failure = f"cannot prepare the task's files: {exc}"
+            self._note(self.failure)
+
+    def _save(self) -> None:
+        assert self.scratch is not None and self._launch is not None
+        try:
+            carry.save_outputs(self._launch.server_url, self.task, self.scratch, self._note)
+            carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+        except (carry.CarryFailed, OSError, ValueError) as exc:
+            self._note(f"files not saved: {exc}")
+
+    def _checkpoint_if_due(self, now: float) -> None:
+        if self._next_checkpoint is None or now < self._next_checkpoint or self.stop is not None:
+            return
+        if self._bg is not None and self._bg.is_alive():
+            return  # the last one is still uploading
+        self._next_checkpoint = now + (self.task.checkpoint_every_s or 0)
+
+        def periodic() -> None:
+            assert self.scratch is not None and self._launch is not None
+            try:
+                carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+            except (carry.CarryFailed, OSError, ValueError) as exc:
+                # A file changing under the packer, a store away: the next period tries again.
+                self._note(f"periodic checkpoint not saved: {exc}")
+
+        self._background(periodic)
+
+    def _end_group(self) -> None:
+        """A phase's leader exited: what is left of its group goes too."""
+        self._signal(signal.SIGKILL)
+        for t in self._readers:
+            t.join(timeout=2)
 
     def reap(self) -> None:
         """After the leader exits: kill what is left of its group, collect output, clean up."""
@@ -228,5 +342,56 @@ class TaskProcess:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
+
+
+def carries_files(task: LeasedTask) -> bool:
+    return bool(task.code or task.setup or task.outputs or task.checkpoint_dir)
+
+
+def _short(cmd: str | None) -> str:
+    text = (cmd or "").strip()
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _how(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+@dataclass
+class _Launch:
+    """How this attempt's processes start: directory, environment and credentials."""
+
+    cwd: Path
+    env: dict[str, str]
+    uid: int | None
+    gid: int | None
+    groups: list[int] | None
+    user: TaskUser | None
+    server_url: str
+
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: signals reach its children too
+                # The credentials change before preexec_fn runs, so the parent-death
+                # signal set there survives it (a uid change clears it).
+                preexec_fn=_child_setup,
+                user=self.uid,
+                group=self.gid,
+                extra_groups=self.groups,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            user = self.user
+            who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StartFailed(f"cannot start {argv[0]!r}{who}: {why}") from None
