@@ -7,6 +7,7 @@ then the files `autoscaler up` writes in its home directory.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,33 @@ class ApiClient:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body if body is not None else {})
+
+    def upload(self, path: str, src: Path) -> Any:
+        """POST a file as the raw body, streamed from disk (a code snapshot)."""
+
+        def blocks() -> Iterator[bytes]:
+            with src.open("rb") as fh:
+                yield from iter(lambda: fh.read(1024 * 1024), b"")
+
+        headers = {"Content-Type": "application/gzip"}
+        return self.request("POST", path, content=blocks(), headers=headers, timeout=None)
+
+    def download(self, path: str, dest: Path) -> int:
+        """GET into a file, streamed; the bytes written."""
+        try:
+            with self._http.stream("GET", path, timeout=None) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    try:
+                        detail = r.json().get("detail", r.text)
+                    except ValueError:
+                        detail = r.text
+                    raise ClientError(f"{r.status_code}: {detail}")
+                size = 0
+                with dest.open("wb") as fh:
+                    for block in r.iter_bytes(1024 * 1024):
+                        fh.write(block)
+                        size += len(block)
+                return size
+        except httpx.HTTPError as exc:
+            raise ClientError(f"download from {self.server} failed ({exc.__class__.__name__}); try again") from None
