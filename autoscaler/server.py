@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -28,6 +29,7 @@ from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
 from autoscaler.artifacts.backends import open_store
+from autoscaler.artifacts.records import prune as prune_artifacts
 from autoscaler.auth.sealing import DEFAULT_KEY_FILE, SecretKeys, load_key_file
 from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin.token"
 SERVER_URL_FILE = "server.url"
 HOUSEKEEPING_INTERVAL_S = 5.0
+RETENTION_INTERVAL_S = 3600.0  # artifact retention: hourly is plenty for a setting in days
 # How often queued tasks are checked against the config's shapes (also at start).
 UNSCHEDULABLE_INTERVAL_S = 60.0
 
@@ -178,6 +181,23 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
 
     scheduler.add_job(
         review_shapes, "interval", seconds=UNSCHEDULABLE_INTERVAL_S, id="unschedulable", max_instances=1, coalesce=True
+    )
+
+    def artifact_retention() -> None:
+        store = ctx.artifacts
+        if store is None:
+            return
+        try:
+            cutoff = ctx.clock.now() - timedelta(days=config.artifacts.retention_days)
+            with transaction(ctx.sessions) as s:
+                n = prune_artifacts(s, store, older_than=cutoff)
+            if n:
+                log.info("artifact retention: deleted %d artifact(s) and snapshot(s) older than %s", n, cutoff)
+        except Exception:
+            log.exception("artifact retention failed; will retry")
+
+    scheduler.add_job(
+        artifact_retention, "interval", seconds=RETENTION_INTERVAL_S, id="artifact_retention", max_instances=1
     )
     # Spend is read-only and useful without the loop too (`autoscaler server`).
     ctx.extras.setdefault("routers", []).extend([spend_router, alerts_router])
