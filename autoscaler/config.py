@@ -148,8 +148,14 @@ class ServerConfig(_Strict):
 class ArtifactsConfig(_Strict):
     """Where code snapshots, task outputs and checkpoints are kept (docs/artifacts.md)."""
 
-    store: Literal["local"] = Field("local", description="local: a directory on the server (HOME/artifacts).")
+    store: Literal["local", "s3"] = Field(
+        "local", description="local: a directory on the server (HOME/artifacts); s3: a bucket (boto3)."
+    )
     path: str = Field("artifacts", description="The local store's directory; a relative path is relative to HOME.")
+    bucket: str | None = Field(None, description="s3: the bucket.")
+    prefix: str = Field("", description="s3: a key prefix inside the bucket.")
+    region: str | None = Field(None, description="s3: the bucket's region; default boto3's.")
+    endpoint_url: str | None = Field(None, description="s3: another S3-compatible endpoint (MinIO, moto).")
     retention_days: float = Field(
         30, gt=0, description="Artifacts and snapshots older than this are deleted (snapshots a live task uses stay)."
     )
