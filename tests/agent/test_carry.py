@@ -21,11 +21,23 @@ from autoscaler.workload.snapshot import pack_directory
 from tests.agent.conftest import PY, AgentHarness, wait_for
 from tests.conftest import issue_token
 from tests.fakes.metadata import FakeMetadata
+from tests.fakes.s3 import moto_s3_server, s3_store
 
 
-@pytest.fixture
-def carry(harness: AgentHarness, tmp_path: Path) -> Iterator[AgentHarness]:
-    harness.ctx.artifacts = LocalStore(tmp_path / "store")
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[str]:
+    with moto_s3_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["local", "s3"])
+def carry(request: pytest.FixtureRequest, harness: AgentHarness, tmp_path: Path) -> Iterator[AgentHarness]:
+    """The harness with an artifact store: the local one, or a bucket on moto's S3 server
+    (workers then download straight from S3 on presigned URLs)."""
+    if request.param == "local":
+        harness.ctx.artifacts = LocalStore(tmp_path / "store")
+    else:
+        harness.ctx.artifacts = s3_store(request.getfixturevalue("moto_s3"))
     yield harness
 
 
@@ -123,9 +135,13 @@ def test_a_snapshot_changed_in_the_store_fails_the_integrity_check(carry: AgentH
     (src / "main.py").write_text("print('must not run')\n")
     digest = upload_dir(carry, src)
     store = carry.ctx.artifacts
-    assert isinstance(store, LocalStore)
-    (stored,) = [p for p in (store.root / "snapshots").rglob("*") if p.is_file()]
-    stored.write_bytes(stored.read_bytes() + b"tampered")
+    if isinstance(store, LocalStore):
+        (stored,) = [p for p in (store.root / "snapshots").rglob("*") if p.is_file()]
+        stored.write_bytes(stored.read_bytes() + b"tampered")
+    else:  # the object changed in the bucket behind the server's back
+        (obj,) = store.s3.list_objects_v2(Bucket=store.bucket, Prefix=store.prefix + "snapshots/")["Contents"]
+        body = store.s3.get_object(Bucket=store.bucket, Key=obj["Key"])["Body"].read()
+        store.s3.put_object(Bucket=store.bucket, Key=obj["Key"], Body=body + b"tampered")
     task = carry.enqueue([PY, "main.py"], code={"snapshot": digest}, max_attempts=1)
     carry.start_agent()
     done = carry.wait_state(task, "failed")

@@ -11,33 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.artifacts.s3 import PART, S3Store
+from autoscaler.artifacts.s3 import PART
 from autoscaler.artifacts.store import ArtifactStore, LocalStore, ObjectMissing, StoreError, TooLarge
+from tests.fakes.s3 import moto_s3_server, s3_store
 
 
 @pytest.fixture(scope="module")
 def moto_s3() -> Iterator[str]:
-    """moto's S3 in server mode on 127.0.0.1: real boto3 calls over HTTP."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_s3_server() as url:
+        yield url
 
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ArtifactStore:
     if request.param == "local":
         return LocalStore(tmp_path / "store")
-    import boto3
-
-    url = request.getfixturevalue("moto_s3")
-    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-    bucket = f"b{abs(hash(request.node.nodeid)) % 10**8}"
-    boto3.client("s3", endpoint_url=url, **creds).create_bucket(Bucket=bucket)
-    return S3Store(bucket, prefix="arts", endpoint_url=url, **creds)
+    return s3_store(request.getfixturevalue("moto_s3"))
 
 
 def blocks(data: bytes, size: int = 65536) -> Iterator[bytes]:
