@@ -266,3 +266,38 @@ def test_unprivileged_tasks_own_their_unpacked_code_and_cannot_leak_files_throug
         assert names == {"out/mine.txt"}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# Never checkpoints on SIGTERM: only the agent's periodic uploads can save it.
+PERIODIC = """
+import os, time
+os.makedirs('ckpt', exist_ok=True)
+step = int(open('ckpt/step').read()) if os.path.exists('ckpt/step') else 0
+print('starting at step', step, 'attempt', os.environ['AUTOSCALER_TASK_ATTEMPT'], flush=True)
+if os.environ['AUTOSCALER_TASK_ATTEMPT'] != '1':
+    raise SystemExit(0)
+while True:
+    step += 1
+    with open('ckpt/step.tmp', 'w') as f:
+        f.write(str(step))
+    os.replace('ckpt/step.tmp', 'ckpt/step')
+    time.sleep(0.2)
+"""
+
+
+def test_a_machine_lost_without_notice_resumes_from_the_last_periodic_checkpoint(carry: AgentHarness) -> None:
+    task = carry.enqueue([PY, "-c", PERIODIC], checkpoint_dir="ckpt", checkpoint_every_s=10)
+    doomed = carry.start_agent(instance_id="i-doomed")
+    carry.wait_state(task, "running")
+    wait_for("a periodic checkpoint", lambda: "checkpoint: saved ckpt" in carry.logs(task), timeout=30)
+    doomed.proc.kill()  # kill -9: no notice, no final upload
+    doomed.proc.wait(5)
+    wait_for("the worker to be expired", lambda: carry.expire_silent(1.0), timeout=10, every=0.2)
+    listed = vision(carry).get(f"/api/v1/tasks/{task}/artifacts").json()
+    assert [(a["kind"], a["attempt"]) for a in listed] == [("checkpoint", 1)]
+
+    carry.start_agent(instance_id="i-survivor")
+    done = carry.wait_state(task, "succeeded", timeout=30)
+    out = carry.logs(task)
+    resumed = int(out.split("starting at step ")[2].split()[0])
+    assert done["attempts"] == 2 and resumed > 0, out  # the periodic upload's step, not zero
