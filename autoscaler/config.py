@@ -240,6 +240,27 @@ class ServerConfig(_Strict):
     )
 
 
+class ArtifactsConfig(_Strict):
+    """Where code snapshots, task outputs and checkpoints are kept (docs/artifacts.md)."""
+
+    store: Literal["local", "s3"] = Field(
+        "local", description="local: a directory on the server (HOME/artifacts); s3: a bucket (boto3)."
+    )
+    path: str = Field("artifacts", description="The local store's directory; a relative path is relative to HOME.")
+    bucket: str | None = Field(None, description="s3: the bucket.")
+    prefix: str = Field("", description="s3: a key prefix inside the bucket.")
+    region: str | None = Field(None, description="s3: the bucket's region; default boto3's.")
+    endpoint_url: str | None = Field(None, description="s3: another S3-compatible endpoint (MinIO, moto).")
+    retention_days: float = Field(
+        30, gt=0, description="Artifacts and snapshots older than this are deleted (snapshots a live task uses stay)."
+    )
+    max_snapshot_bytes: int = Field(1024**3, ge=1, description="Largest code snapshot accepted.")
+    max_artifact_bytes: int = Field(50 * 1024**3, ge=1, description="Largest output or checkpoint accepted.")
+    ticket_ttl_s: int = Field(
+        3600, ge=60, le=7 * 86400, description="How long a download ticket a worker gets with its lease stays valid."
+    )
+
+
 class RetryConfig(_Strict):
     """Backoff between delivery attempts: initial_s, doubled each failure, capped at max_s."""
 
@@ -365,6 +386,7 @@ class AutoscalerConfig(_Strict):
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
 
     @field_validator("teams", "queues", "pools")
     @classmethod

@@ -17,7 +17,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -29,6 +29,8 @@ from sqlalchemy import select
 from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
+from autoscaler.artifacts.backends import open_store
+from autoscaler.artifacts.records import prune as prune_artifacts
 from autoscaler.auth.sealing import DEFAULT_KEY_FILE, SecretKeys, load_key_file
 from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin.token"
 SERVER_URL_FILE = "server.url"
 HOUSEKEEPING_INTERVAL_S = 5.0
+RETENTION_INTERVAL_S = 3600.0  # artifact retention: hourly is plenty for a setting in days
 # How often queued tasks are checked against the config's shapes (also at start).
 UNSCHEDULABLE_INTERVAL_S = 60.0
 
@@ -141,6 +144,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
         sessions=session_factory(engine),
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, home, create=True),
+        artifacts=open_store(config, home),
     )
     catalog = Catalog.from_config(config)
     with transaction(ctx.sessions) as s:
@@ -196,6 +200,23 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
         coalesce=True,
         next_run_time=datetime.now(UTC),
     )
+
+    def artifact_retention() -> None:
+        store = ctx.artifacts
+        if store is None:
+            return
+        try:
+            cutoff = ctx.clock.now() - timedelta(days=config.artifacts.retention_days)
+            with transaction(ctx.sessions) as s:
+                n = prune_artifacts(s, store, older_than=cutoff)
+            if n:
+                log.info("artifact retention: deleted %d artifact(s) and snapshot(s) older than %s", n, cutoff)
+        except Exception:
+            log.exception("artifact retention failed; will retry")
+
+    scheduler.add_job(
+        artifact_retention, "interval", seconds=RETENTION_INTERVAL_S, id="artifact_retention", max_instances=1
+    )
     if full_loop:
         # In this order: the reconciler evaluates through the policy service, and alert
         # delivery sends what the reconcile cycles record.
@@ -225,6 +246,7 @@ def app_from_env() -> Any:
         sessions=session_factory(engine),
         clock=SystemClock(),
         secret_keys=load_secret_keys(config, settings.home, create=False),
+        artifacts=open_store(config, settings.home),
     )
     ctx.admin_token_file = settings.home / ADMIN_TOKEN_FILE
     return create_app(ctx)

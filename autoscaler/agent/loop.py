@@ -365,11 +365,11 @@ class Agent:
             if tp.stop is not None and tp.stop.cause == "abandoned":
                 continue  # the server already requeued it: nothing to report
             self.outbox.output(tp.task_id, tp.output.take())
-            if tp.failed_start is not None:  # a container task whose image did not come
-                log.warning("task %s: %s", tp.task_id, tp.failed_start)
-                self.outbox.finished(tp.task_id, start_failed_report(tp.failed_start))
-                continue
-            self.outbox.finished(tp.task_id, finish_report(tp.stop, code))
+            if tp.failure is not None:  # its code, setup or image did not come: the command never ran
+                log.warning("task %s: %s", tp.task_id, tp.failure)
+                self.outbox.finished(tp.task_id, start_failed_report(tp.failure))
+            else:
+                self.outbox.finished(tp.task_id, finish_report(tp.stop, code))
         if now >= self.next_flush:
             self.next_flush = now + self.t.log_flush_s
             if self.failures == 0:  # while the server is away, output waits in the capped buffers
@@ -505,7 +505,9 @@ class Agent:
                 self.outbox.finished(task.id, start_failed_report(str(exc)))
                 continue
             try:
-                tp = TaskProcess.start(task, self.base_env, self.work_root, now, user, self.containers)
+                tp = TaskProcess.start(
+                    task, self.base_env, self.work_root, now, user, self.s.server_url, self.containers
+                )
             except StartFailed as exc:
                 log.warning("task %s: %s", task.id, exc)
                 self.outbox.finished(task.id, start_failed_report(str(exc)))

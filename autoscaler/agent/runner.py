@@ -12,7 +12,9 @@ server requeues the task elsewhere and the orphan must not keep the GPU busy.
 
 A task with an `image` runs in a container (autoscaler.agent.container): its image
 is pulled first, then the engine CLI is the process watched here, and signals go to
-the container by name instead of to the CLI's process group.
+the container by name instead of to the CLI's process group. A task that carries
+code, a setup, outputs or a checkpoint (autoscaler.agent.carry) runs in phases:
+prepare, setup, run, save.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from autoscaler.agent import carry
 from autoscaler.agent.container import ContainerAttempt, ContainerError, ContainerSettings
 from autoscaler.agent.decisions import StopRequest, gpu_env
 from autoscaler.agent.task_user import TaskUser, kill_uid
@@ -114,7 +118,14 @@ def _pump(pipe: IO[bytes], stream: Literal["stdout", "stderr"], out: OutputBuffe
     pipe.close()
 
 
+Phase = Literal["prepare", "setup", "run", "save", "done"]
+
+
 class TaskProcess:
+    """One attempt: for a task that carries files or a setup, the phases prepare (fetch
+    code and checkpoint, in a thread), setup (its own process), run, save (outputs and
+    checkpoint, in a thread); otherwise only run. The agent's loop only polls."""
+
     def __init__(
         self,
         task: LeasedTask,
@@ -122,6 +133,7 @@ class TaskProcess:
         started: float,
         scratch: Path | None,
         user: TaskUser | None = None,
+        launch: _Launch | None = None,
         box: ContainerAttempt | None = None,
     ) -> None:
         self.task = task
@@ -135,21 +147,27 @@ class TaskProcess:
         self.term_at: float | None = None
         self.kill_after: float | None = None
         self.killed = False
-        # Set when an attempt that was reported started could not start after all (an
-        # image pull failed): the loop reports `start_failed` with it.
-        self.failed_start: str | None = None
+        self.phase: Phase = "run" if proc is not None else "prepare"
+        # Why the attempt failed before its command ran (code, setup, an image pull): a
+        # start failure, reported as `start_failed`.
+        self.failure: str | None = None
+        self._launch = launch
+        self._exit: int | None = None
+        self._bg: threading.Thread | None = None
+        self._next_checkpoint: float | None = None
         self._readers: list[threading.Thread] = []
         if proc is not None:
             self._read(proc)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        self._readers = [
+        readers = [
             threading.Thread(target=_pump, args=(pipe, name, self.output), daemon=True, name=f"{name}-{self.task.id}")
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
             if pipe is not None
         ]
-        for t in self._readers:
+        for t in readers:
             t.start()
+        self._readers += readers
 
     @classmethod
     def start(
@@ -159,6 +177,7 @@ class TaskProcess:
         work_root: Path,
         now: float,
         user: TaskUser | None = None,
+        server_url: str = "",
         containers: ContainerSettings | None = None,
     ) -> TaskProcess:
         if task.image:
@@ -177,14 +196,17 @@ class TaskProcess:
                 uid, gid, groups = user.uid, user.gid, list(user.groups)
             if scratch is not None:
                 env["TMPDIR"] = str(scratch)
+        launch = _Launch(cwd=cwd, env=env, uid=uid, gid=gid, groups=groups, user=user, server_url=server_url)
+        if scratch is not None and carries_files(task):
+            tp = cls(task, None, now, scratch, user, launch)
+            tp._background(tp._prepare)
+            return tp
         try:
-            proc = _popen(task.command, cwd, env, uid, gid, groups)
-        except (OSError, subprocess.SubprocessError) as exc:
+            proc = launch.spawn(task.command)
+        except StartFailed:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-            who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise StartFailed(f"cannot start {task.command[0]!r}{who}: {why}") from None
+            raise
         return cls(task, proc, now, scratch, user)
 
     @classmethod
@@ -230,19 +252,57 @@ class TaskProcess:
             self.kill_after = min(self.kill_after, now + grace_s)
 
     def poll(self, now: float) -> int | None:
-        """The return code once the process has ended; escalates to SIGKILL when due."""
-        if self.box is not None and self.proc is None:
-            return self._poll_pull(now)
-        assert self.proc is not None
+        """The return code once the attempt has ended (its files saved); escalates to
+        SIGKILL when due and moves a carrying task through its phases."""
         if self.box is not None:
-            self.box.tick()
+            return self._poll_container(now)
+        if self.phase == "run" and self._launch is None:
+            assert self.proc is not None
+            return self._poll_proc(now)  # a task that carries nothing: the plain path
+        if self.phase in ("prepare", "save"):
+            if self._bg is not None and self._bg.is_alive():
+                return None
+            if self.phase == "save":
+                self.phase = "done"
+            elif self.failure is not None or self.stop is not None:
+                self.phase, self._exit = "done", -signal.SIGTERM if self.stop is not None else 1
+            else:
+                self._begin("setup" if self.task.setup else "run", now)
+            return self._exit if self.phase == "done" else None
+        if self.phase == "done":
+            return self._exit
+        code = self._poll_proc(now)
+        if code is None:
+            self._checkpoint_if_due(now)
+            return None
+        self._end_group()
+        if self.phase == "setup":
+            if code != 0 and self.stop is None:
+                self.failure = f"setup {_short(self.task.setup)} failed ({_how(code)}); the command did not run"
+            if code != 0 or self.stop is not None:
+                self.phase, self._exit = "done", code
+                return code
+            self._begin("run", now)
+            return None
+        self._exit = code
+        self.phase = "save"
+        if self._bg is not None:
+            self._bg.join()  # a periodic checkpoint still uploading: the final one follows it
+        self._background(self._save)
+        return None
+
+    def _poll_container(self, now: float) -> int | None:
+        """A container task: its pull, then its container (signalled through the engine)."""
+        assert self.box is not None
+        if self.proc is None:
+            return self._poll_pull(now)
+        self.box.tick()
         code = self.proc.poll()
         if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
             self.killed = True
             self._signal(signal.SIGKILL)
         if (
             code is None
-            and self.box is not None
             and self.killed
             and self.kill_after is not None
             and now >= self.kill_after + self.box.settings.cli_kill_wait_s
@@ -260,21 +320,91 @@ class TaskProcess:
         if outcome is None:
             return None
         if outcome:
-            self.failed_start = outcome
+            self.failure = outcome
             return 1
         try:
             self.proc = self.box.run(lambda argv, env: _popen(argv, None, env))
         except ContainerError as exc:
-            self.failed_start = str(exc)
+            self.failure = str(exc)
             return 1
         self.started = now  # timeout_s bounds the task's run, not the pull
         self._read(self.proc)
         return None
 
+    def _poll_proc(self, now: float) -> int | None:
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
+            self.killed = True
+            self._signal(signal.SIGKILL)
+        return code
+
+    def _begin(self, phase: Phase, now: float) -> None:
+        assert self._launch is not None
+        argv = ["/bin/sh", "-c", self.task.setup or ""] if phase == "setup" else self.task.command
+        if phase == "setup":
+            self.output.add("stderr", f"[autoscaler agent: setup: {self.task.setup}]\n")
+        try:
+            self.proc = self._launch.spawn(argv)
+        except StartFailed as exc:
+            self.failure, self.phase, self._exit = str(exc), "done", 1
+            return
+        self.phase = phase
+        self._read(self.proc)
+        if phase == "run" and self.task.checkpoint_every_s:
+            self._next_checkpoint = now + self.task.checkpoint_every_s
+
+    def _background(self, work: Callable[[], None]) -> None:
+        self._bg = threading.Thread(target=work, daemon=True, name=f"carry-{self.task.id}")
+        self._bg.start()
+
+    def _note(self, line: str) -> None:
+        self.output.add("stderr", f"[autoscaler agent: {line}]\n")
+
+    def _prepare(self) -> None:
+        assert self.scratch is not None and self._launch is not None
+        try:
+            carry.fetch_code(self._launch.server_url, self.task, self.scratch, self.user, self._note)
+            carry.restore_checkpoint(self._launch.server_url, self.task, self.scratch, self.user, self._note)
+        except (carry.CarryFailed, OSError, ValueError) as exc:
+            self.failure = f"cannot prepare the task's files: {exc}"
+            self._note(self.failure)
+
+    def _save(self) -> None:
+        assert self.scratch is not None and self._launch is not None
+        try:
+            carry.save_outputs(self._launch.server_url, self.task, self.scratch, self._note)
+            carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+        except (carry.CarryFailed, OSError, ValueError) as exc:
+            self._note(f"files not saved: {exc}")
+
+    def _checkpoint_if_due(self, now: float) -> None:
+        if self._next_checkpoint is None or now < self._next_checkpoint or self.stop is not None:
+            return
+        if self._bg is not None and self._bg.is_alive():
+            return  # the last one is still uploading
+        self._next_checkpoint = now + (self.task.checkpoint_every_s or 0)
+
+        def periodic() -> None:
+            assert self.scratch is not None and self._launch is not None
+            try:
+                carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+            except (carry.CarryFailed, OSError, ValueError) as exc:
+                # A file changing under the packer, a store away: the next period tries again.
+                self._note(f"periodic checkpoint not saved: {exc}")
+
+        self._background(periodic)
+
+    def _end_group(self) -> None:
+        """A phase's leader exited: what is left of its group goes too."""
+        self._signal(signal.SIGKILL)
+        for t in self._readers:
+            t.join(timeout=2)
+
     def reap(self) -> None:
         """After the leader exits: kill what is left of its group, collect output, clean up."""
-        if self.proc is not None:
-            self._signal_group(signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         if self.box is not None:
             self.box.close()  # the container goes too, even if the engine CLI died first
         if self.user is not None and self.user.dedicated:
@@ -337,3 +467,38 @@ def _popen(
         group=gid,
         extra_groups=groups,
     )
+
+
+def carries_files(task: LeasedTask) -> bool:
+    return bool(task.code or task.setup or task.outputs or task.checkpoint_dir)
+
+
+def _short(cmd: str | None) -> str:
+    text = (cmd or "").strip()
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _how(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+@dataclass
+class _Launch:
+    """How this attempt's processes start: directory, environment and credentials."""
+
+    cwd: Path
+    env: dict[str, str]
+    uid: int | None
+    gid: int | None
+    groups: list[int] | None
+    user: TaskUser | None
+    server_url: str
+
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        try:
+            return _popen(argv, self.cwd, self.env, self.uid, self.gid, self.groups)
+        except (OSError, subprocess.SubprocessError) as exc:
+            user = self.user
+            who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StartFailed(f"cannot start {argv[0]!r}{who}: {why}") from None

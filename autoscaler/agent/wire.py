@@ -80,6 +80,18 @@ class Commands(_Reply):
     shutdown: bool = False
 
 
+class Transfers(_Reply):
+    """Task-scoped, short-lived URLs for this attempt's files (a path starting with / is
+    on the server); never a credential of the store."""
+
+    code_url: str | None = None
+    code_digest: str | None = None
+    checkpoint_url: str | None = None
+    checkpoint_digest: str | None = None
+    output_urls: dict[str, str] = Field(default_factory=dict)
+    checkpoint_upload_url: str | None = None
+
+
 class LeasedTask(_Reply):
     id: str
     command: list[str]
@@ -99,6 +111,13 @@ class LeasedTask(_Reply):
     gpu_indices: list[int] = Field(default_factory=list)
     timeout_s: float | None = None
     attempts: int = 1
+    # What the task carries: fetched before it starts, saved when it ends (agent/carry.py).
+    code: dict[str, str | None] | None = None
+    setup: str | None = None
+    outputs: list[str] | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: int | None = None
+    transfers: Transfers | None = Field(None, repr=False)
 
 
 class LeaseReply(_Reply):

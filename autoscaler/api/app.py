@@ -26,7 +26,20 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
 from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
-from autoscaler.api.routes import alerts, fleet, metrics, policy, queues, reports, spend, tasks, tokens, workers
+from autoscaler.api.routes import (
+    alerts,
+    artifacts,
+    fleet,
+    metrics,
+    policy,
+    queues,
+    reports,
+    spend,
+    tasks,
+    tokens,
+    workers,
+)
+from autoscaler.api.routes.artifacts import streams_body
 from autoscaler.auth import security
 from autoscaler.errors import AutoscalerError
 from autoscaler.web import pages as dashboard
@@ -83,7 +96,8 @@ class BodyGuard:
         if target_has_nul(scope.get("path", ""), scope.get("query_string", b"")):
             await _send_error(send, 422, NUL_MESSAGE)
             return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["method"] not in ("POST", "PUT", "PATCH") or streams_body(scope["method"], scope.get("path", "")):
+            # Streamed uploads (snapshots, transfers) are bounded by their routes.
             await self.app(scope, receive, send)
             return
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
@@ -193,7 +207,20 @@ def create_app(ctx: AppContext) -> FastAPI:
 
     # Every router, in every process: an endpoint whose component this process does not
     # run (the policy service under `autoscaler server`) says so itself.
-    for module in (queues, tasks, workers, fleet, tokens, spend, reports, alerts, policy, metrics, dashboard):
+    for module in (
+        queues,
+        tasks,
+        workers,
+        artifacts,
+        fleet,
+        tokens,
+        spend,
+        reports,
+        alerts,
+        policy,
+        metrics,
+        dashboard,
+    ):
         app.include_router(module.router)
     document_errors(app)
     return app

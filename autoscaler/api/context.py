@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.artifacts.store import ArtifactStore
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import PrincipalCache
 from autoscaler.clock import Clock, SystemClock
@@ -38,3 +39,6 @@ class AppContext:
     secret_keys: SecretKeys | None = None
     # Where this deployment keeps the admin token; the login page names it.
     admin_token_file: Path | None = None
+    # Where snapshots, outputs and checkpoints are kept (autoscaler.artifacts). None:
+    # this server keeps none (tasks that carry code, outputs or checkpoints are refused).
+    artifacts: ArtifactStore | None = None

@@ -19,6 +19,11 @@ EnvValue = Annotated[str, StringConstraints(max_length=32768)]
 MaskedEnv = Annotated[dict[str, str], BeforeValidator(mask)]
 
 
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+# A path inside the task's directory, as a task names its outputs and checkpoint dir.
+TaskPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +47,31 @@ class QueueOut(Out):
     depth: int = 0
     running: int = 0
     oldest_wait_s: float | None = None
+
+
+class CodeIn(Body):
+    """The code a task runs, fetched into its directory before the setup and command:
+    an uploaded snapshot (POST /api/v1/snapshots), or a git repository at a ref with,
+    optionally, an uncommitted diff uploaded as a snapshot."""
+
+    snapshot: Digest | None = Field(None, description="Digest of a snapshot this team uploaded.")
+    git: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
+        None, description="Repository URL the worker clones (as the task user)."
+    )
+    ref: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        None, description="Commit, branch or tag to check out; default the remote's HEAD."
+    )
+    diff_snapshot: Digest | None = Field(None, description="A snapshot holding `diff.patch`, applied after checkout.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CodeIn:
+        if (self.snapshot is None) == (self.git is None):
+            raise ValueError('give code as {"snapshot": DIGEST} or as {"git": URL, "ref": REF}, exactly one')
+        if self.snapshot is not None and (self.ref is not None or self.diff_snapshot is not None):
+            raise ValueError("ref and diff_snapshot go with git, not with a snapshot")
+        if self.git is not None and self.git.startswith("-"):
+            raise ValueError(f"{self.git!r} is not a repository URL")
+        return self
 
 
 class TaskIn(Body):
@@ -85,6 +115,21 @@ class TaskIn(Body):
     )
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     team: Name | None = Field(None, description="Admins only: enqueue on behalf of a team.")
+    code: CodeIn | None = Field(None, description="Code fetched into the task's directory before it starts.")
+    setup: Annotated[str, StringConstraints(min_length=1, max_length=8192)] | None = Field(
+        None, description="A shell command run in the task's directory and environment before the command."
+    )
+    outputs: list[TaskPath] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Paths in the task's directory uploaded when an attempt ends, however it ends.",
+    )
+    checkpoint_dir: TaskPath | None = Field(
+        None,
+        description="A directory in the task's directory uploaded when the task is stopped and every "
+        "checkpoint_every_s, and restored into the next attempt before it starts.",
+    )
+    checkpoint_every_s: int | None = Field(None, ge=10, le=7 * 86400)
 
     @field_validator("retry_on_exit_codes")
     @classmethod
@@ -147,6 +192,11 @@ class TaskOut(Out):
     # machines it held, accrued each reconcile cycle).
     cost_usd: float = 0.0
     gpu_hours: float = 0.0
+    code: dict[str, Any] | None = None
+    setup: str | None = None
+    outputs: list[str] | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: int | None = None
 
 
 class TaskAttemptOut(Out):
@@ -263,6 +313,20 @@ class LeasedTaskOut(TaskOut):
     secret_env: dict[str, str] = Field(
         default_factory=dict, description="The secret env, opened: the agent adds it to the task's environment."
     )
+    transfers: TransfersOut | None = None
+
+
+class TransfersOut(BaseModel):
+    """Where the leasing worker fetches and stores this attempt's files: task-scoped,
+    short-lived URLs (presigned by the store, or the server's own transfer endpoint
+    with a ticket in the path; a path starting with / is relative to the server)."""
+
+    code_url: str | None = None
+    code_digest: str | None = None
+    checkpoint_url: str | None = None
+    checkpoint_digest: str | None = None
+    output_urls: dict[str, str] = Field(default_factory=dict)
+    checkpoint_upload_url: str | None = None
 
 
 class LeaseOut(BaseModel):
@@ -403,3 +467,17 @@ class WhoAmI(BaseModel):
     team: str | None
     pool: str | None
     worker_id: str | None
+
+
+class SnapshotOut(BaseModel):
+    digest: str
+    size: int
+
+
+class ArtifactOut(Out):
+    name: str
+    kind: Literal["output", "checkpoint"]
+    size: int
+    digest: str
+    attempt: int
+    created_at: datetime

@@ -13,6 +13,7 @@ import typer
 from rich.text import Text
 
 from autoscaler.cli import app
+from autoscaler.cli.artifact_cmds import carry_fields
 from autoscaler.cli.common import (
     HomeOpt,
     JsonOpt,
@@ -169,12 +170,40 @@ def enqueue(
         ),
     ] = None,
     team: Annotated[str | None, typer.Option(help="Admins only: the team the task is for.")] = None,
+    code: Annotated[
+        str | None,
+        typer.Option(
+            help="A directory to run the task in: packed (honouring .gitignore) and uploaded; inside a git "
+            "checkout, its origin, commit and uncommitted diff are sent instead (see --no-git)."
+        ),
+    ] = None,
+    no_git: Annotated[
+        bool, typer.Option("--no-git", help="With --code: pack the directory even in a checkout.")
+    ] = False,
+    code_limit: Annotated[int, typer.Option(help="Largest packed --code directory, in bytes.")] = 512 * 1024 * 1024,
+    git: Annotated[str | None, typer.Option(help="A repository the worker clones into the task's directory.")] = None,
+    ref: Annotated[str | None, typer.Option(help="With --git: the commit, branch or tag to check out.")] = None,
+    setup: Annotated[
+        str | None, typer.Option(help="A shell command run first, e.g. 'pip install -r requirements.txt'.")
+    ] = None,
+    output: Annotated[
+        list[str] | None,
+        typer.Option("--output", help="A path in the task's directory saved when the attempt ends (repeatable)."),
+    ] = None,
+    checkpoint_dir: Annotated[
+        str | None,
+        typer.Option(help="A directory saved when the task is stopped and restored into its next attempt."),
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option(help="Also save the checkpoint dir every this many seconds.")
+    ] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Enqueue a task: `autoscaler enqueue --queue gpu --gpus 1 -- python train.py`."""
+    sdk = sdk_client(server, token, home)
     body = task_body(
         command,
         queue=queue,
@@ -194,9 +223,14 @@ def enqueue(
         working_dir=workdir,
         image=image,
         image_pull_secret=image_pull_secret,
+        setup=setup,
+        outputs=output or None,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every_s=checkpoint_every,
         team=team,
     )
-    task = sdk_client(server, token, home).submit_raw(body)
+    body.update(carry_fields(sdk, code=code, git=git, ref=ref, no_git=no_git, limit_bytes=code_limit))
+    task = sdk.submit_raw(body)
     if json_out:
         print_json(task)
     else:

@@ -30,7 +30,7 @@ from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
 from autoscaler.lifecycle import WORKER_LEASABLE, WorkerState
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_worker, transition
-from autoscaler.state.models import Instance, QueueRow, Task, TaskEvent, TaskLog, Worker, new_id
+from autoscaler.state.models import Instance, QueueRow, Snapshot, Task, TaskEvent, TaskLog, Worker, new_id
 
 LEASE_TTL = timedelta(seconds=90)
 _ACTIVE = tuple(s.value for s in ACTIVE)
@@ -71,6 +71,20 @@ class TaskSpec:
     # secret_env entry holding the registry login.
     image: str | None = None
     image_pull_secret: str | None = None
+    # What the task carries (autoscaler.artifacts): code, a setup command, outputs and
+    # a checkpoint dir (paths inside the task's directory).
+    code: Mapping[str, object] | None = None
+    setup: str | None = None
+    outputs: Sequence[str] = ()
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: int | None = None
+
+
+def validate_task_path(what: str, path: str) -> str:
+    """A path inside the task's directory: relative, without `..`; normalized."""
+    if "\x00" in path or path.startswith("/") or ".." in path.split("/") or os.path.normpath(path) in ("", "."):
+        raise InvalidInput(f"{what} {path!r} must be a path inside the task's directory (relative, no '..')")
+    return os.path.normpath(path)
 
 
 def validate_working_dir(path: str | None) -> str | None:
@@ -169,6 +183,22 @@ def enqueue(
         raise InvalidInput(f"{', '.join(both)} given both in env and in secret_env; give each name once")
     if spec.secret_env and secret_keys is None:
         raise Conflict("this server has no secret key, so it cannot keep secret_env: see server.secret_key_file")
+    code = _validate_code(session, spec.code, team)
+    outputs = [validate_task_path("output", p) for p in spec.outputs]
+    checkpoint_dir = validate_task_path("checkpoint_dir", spec.checkpoint_dir) if spec.checkpoint_dir else None
+    if spec.checkpoint_every_s is not None and checkpoint_dir is None:
+        raise InvalidInput("checkpoint_every_s needs a checkpoint_dir (--checkpoint-dir) to upload")
+    if (code or outputs or checkpoint_dir) and spec.working_dir:
+        raise InvalidInput(
+            "code, outputs and checkpoint_dir live in the task's own directory; drop working_dir to use them"
+        )
+    if spec.image and (code or spec.setup or outputs or checkpoint_dir):
+        # The agent runs carried files in phases on the machine, and an image in one
+        # container attempt; the two are not combined yet (docs/artifacts.md).
+        raise InvalidInput(
+            "image cannot be combined with code, setup, outputs or checkpoint_dir yet: bake the code into "
+            "the image, or drop --image to run the carried code on the worker itself"
+        )
     task_id = new_id()
     task = Task(
         id=task_id,
@@ -188,6 +218,11 @@ def enqueue(
         max_attempts=spec.max_attempts,
         retry_on_exit_codes=retry_codes,
         timeout_s=spec.timeout_s,
+        code=code,
+        setup=spec.setup,
+        outputs=outputs or None,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every_s=spec.checkpoint_every_s,
         state=TaskState.QUEUED.value,
         sort_key=now,
         created_at=now,
@@ -197,6 +232,22 @@ def enqueue(
     session.flush()
     session.add(TaskEvent(task_id=task.id, at=now, from_state=None, to_state="queued", reason="enqueued"))
     return task
+
+
+def _validate_code(session: Session, code: Mapping[str, object] | None, team: str) -> dict[str, object] | None:
+    """The code as stored; a snapshot must be one this team uploaded."""
+    if not code:
+        return None
+    for field_name in ("snapshot", "diff_snapshot"):
+        digest = code.get(field_name)
+        if digest and session.get(Snapshot, (team, str(digest))) is None:
+            raise NotFound(
+                f"code {field_name} {digest} was not uploaded by team {team}: upload it with "
+                "POST /api/v1/snapshots (the CLI's --code does)"
+            )
+    if code.get("snapshot"):
+        return {"snapshot": code["snapshot"]}
+    return {"git": code.get("git"), "ref": code.get("ref"), "diff_snapshot": code.get("diff_snapshot")}
 
 
 def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task]]:

@@ -10,8 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-# States after which a task never runs again.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "canceled"})
+from autoscaler.lifecycle import TASK_FINAL
+
+# States after which a task never runs again (lifecycle.py is pure: no server code).
+TERMINAL_STATES = TASK_FINAL
 
 
 class _Reply(BaseModel):

@@ -200,6 +200,15 @@ class Task(Base):
     # config changed under it): why, in one line. The planner does not count it as
     # demand; cleared when a later config can run it again. See queueing.unschedulable.
     unschedulable_reason: Mapped[str | None] = mapped_column(String(500))
+    # What the task carries (autoscaler.artifacts): its code ({"snapshot": digest} or
+    # {"git": url, "ref": ref, "diff_snapshot": digest | None}), a setup command run
+    # before it, paths uploaded when an attempt ends, and a checkpoint dir kept across
+    # attempts (uploaded on stop and every checkpoint_every_s, restored at the start).
+    code: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    setup: Mapped[str | None] = mapped_column(Text, nullable=True)
+    outputs: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    checkpoint_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    checkpoint_every_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Lease order within equal priorities; a requeued interrupted task keeps its
     # original sort key so it goes back to the head of its queue, a retried failed one
     # gets the time of its failure (behind the work already waiting).
@@ -496,3 +505,38 @@ class AlertCondition(Base):
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     since: Mapped[datetime]
     last_seen: Mapped[datetime]
+
+
+class Snapshot(Base):
+    """A code snapshot (tar.gz) a team uploaded; content-addressed within the team, so
+    one team cannot name (or learn of) another team's snapshot."""
+
+    __tablename__ = "snapshots"
+    team: Mapped[str] = mapped_column(String(64), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    key: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime]
+
+
+class Artifact(Base):
+    """A file a task's attempt left: an output or a checkpoint, stored under `key` in the
+    artifact store. One row per (task, name, attempt); a periodic checkpoint replaces
+    its attempt's row."""
+
+    __tablename__ = "artifacts"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), ForeignKey("tasks.id", ondelete="CASCADE"))
+    team: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(1024))
+    kind: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
+    digest: Mapped[str] = mapped_column(String(80))
+    key: Mapped[str] = mapped_column(String(1200))
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("task_id", "name", "attempt", name="uq_artifacts_task_name_attempt"),
+        Index("ix_artifacts_created_at", "created_at"),
+    )

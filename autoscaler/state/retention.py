@@ -18,10 +18,11 @@ from sqlalchemy import ColumnElement, Delete, delete, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from autoscaler.config import RetentionConfig
+from autoscaler.lifecycle import TASK_FINAL
 from autoscaler.state.models import DecisionRecord, GpuSample, HistoryPoint, Task, TaskEvent, TaskLog
 
 # Task states after which nothing more is written for the task.
-FINISHED = ("succeeded", "failed", "canceled")
+FINISHED = tuple(sorted(TASK_FINAL))
 
 
 @dataclass(frozen=True)

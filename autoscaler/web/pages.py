@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from autoscaler.admission.why_db import team_standing, why_task
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Ctx, tx
+from autoscaler.artifacts.records import list_artifacts
 from autoscaler.auth import security
 from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
@@ -242,6 +243,7 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
             attempts=attempts,
             why=why,
             now=now,
+            artifacts=list_artifacts(s, task.id),
         )
 
 

@@ -125,3 +125,24 @@ def test_frozen_team_page_says_so_and_task_page_says_why(live_server: LiveServer
     assert "may grow" not in page and "may not grow: spend headroom used up" in page and "vision at 99 %" in page
     task_page = vision.get(f"/tasks/{task_id}").text
     assert 'id="task-why" data-code="budget"' in task_page and "held by its team&#39;s budget" in task_page
+
+
+def test_task_page_lists_artifacts_with_sizes_and_digests_for_its_team_only(live_server: LiveServer) -> None:
+    from autoscaler.artifacts import records
+    from autoscaler.artifacts.store import Written
+
+    ctx, url = live_server.ctx, live_server.url
+    now = ctx.clock.now()
+    with transaction(ctx.sessions) as s:
+        spec = task_ops.TaskSpec(queue="gpu", command=["true"], outputs=["out/m.pt"], checkpoint_dir="ckpt")
+        task_id = task_ops.enqueue(s, spec, team="vision", now=now).id
+        digest = "sha256:" + "c" * 64
+        records.record_artifact(
+            s, task_id=task_id, team="vision", attempt=1, kind="output", name="out/m.pt",
+            key=records.artifact_key(task_id, 1, "output", "out/m.pt"), written=Written(1234, digest), now=now,
+        )  # fmt: skip
+    page = _session(url, issue_token(ctx, "team", team="vision")).get(f"/tasks/{task_id}").text
+    assert 'id="task-artifacts"' in page and "out/m.pt" in page and "1234" in page and digest in page
+    assert "ckpt" in page
+    other = _session(url, issue_token(ctx, "team", team="nlp")).get(f"/tasks/{task_id}")
+    assert other.status_code == 404 and digest not in other.text

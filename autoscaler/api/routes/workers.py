@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.api.routes.artifacts import transfers_for
 from autoscaler.api.schemas import (
     DrainIn,
     FinishIn,
@@ -25,7 +26,7 @@ from autoscaler.api.schemas import (
     WorkerOut,
 )
 from autoscaler.auth.sealing import SecretUnavailable
-from autoscaler.errors import Forbidden, SecurityNote
+from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
 from autoscaler.state.models import ApiToken, Task, Worker
@@ -156,6 +157,14 @@ def leased_task(session: Session, ctx: AppContext, worker_id: str, task: Task) -
     (its key was removed from the key file) fails the task now, with the reason in its
     history, instead of leaving it at the head of its queue for every poll to trip on."""
     base = TaskOut.model_validate(task).model_dump()
+    try:
+        base["transfers"] = transfers_for(session, ctx, worker_id, task)
+    except AutoscalerError as exc:  # no store, no key, snapshot gone: the attempt cannot start
+        log.error("task %s: cannot hand out its files, failing it: %s", task.id, exc.message)
+        task_ops.finish(
+            session, worker_id, task.id, now=ctx.clock.now(), reason="start_failed", detail=exc.message[:2000]
+        )
+        return None
     if not task.secret_env:
         return LeasedTaskOut(**{**base, "secret_env": {}})
     try:

@@ -1,0 +1,221 @@
+"""Snapshots and artifacts: teams upload code snapshots and list and download what
+their tasks left; workers fetch and store one attempt's files on transfer tickets.
+
+Bodies stream: an upload is read block by block into the store (no whole file in
+memory, no database transaction held while it flows), a download is streamed out.
+A team sees only its own snapshots and artifacts; another team's task answers 404.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Annotated
+
+import anyio.from_thread
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
+from starlette.requests import ClientDisconnect
+
+from autoscaler.api.context import AppContext
+from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.api.routes.tasks import visible_task
+from autoscaler.api.schemas import ArtifactOut, SnapshotOut, TransfersOut
+from autoscaler.artifacts import records, tickets
+from autoscaler.artifacts.store import ArtifactStore, StoreError
+from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
+from autoscaler.queueing.states import ACTIVE
+from autoscaler.state.models import Task
+
+router = APIRouter(tags=["artifacts"])
+SNAPSHOTS = "/api/v1/snapshots"
+TRANSFER = "/api/v1/transfer/"
+_ACTIVE = {s.value for s in ACTIVE}
+
+
+def streams_body(method: str, path: str) -> bool:
+    """Requests whose body the route streams itself (the body guard lets them through)."""
+    return (method == "POST" and path == SNAPSHOTS) or (method == "PUT" and path.startswith(TRANSFER))
+
+
+def store_of(ctx: AppContext) -> ArtifactStore:
+    if ctx.artifacts is None:
+        raise Conflict("this server has no artifact store: see `artifacts` in the config (docs/artifacts.md)")
+    return ctx.artifacts
+
+
+def ticket_key(ctx: AppContext) -> bytes:
+    if ctx.secret_keys is None:
+        raise Conflict("this server has no secret key, so it cannot sign transfer tickets: see server.secret_key_file")
+    return tickets.transfer_key(ctx.secret_keys.keys[0])
+
+
+def request_blocks(request: Request) -> Iterator[bytes]:
+    """The request body block by block, for a sync route running in a worker thread."""
+    stream = request.stream().__aiter__()
+
+    async def next_block() -> bytes:
+        return await stream.__anext__()
+
+    while True:
+        try:
+            block = anyio.from_thread.run(next_block)
+        except StopAsyncIteration:
+            return
+        except ClientDisconnect:
+            raise InvalidInput("the upload was cut off before its end; send it again") from None
+        if block:
+            yield block
+
+
+@router.post(SNAPSHOTS, response_model=SnapshotOut, status_code=201)
+def upload_snapshot(request: Request, auth: Auth, ctx: Ctx) -> SnapshotOut:
+    """A code snapshot: the raw tar.gz as the body. Answers its digest, which a task names
+    in `code.snapshot`; the client compares it with its own to check the upload."""
+    store = store_of(ctx)
+    with tx(ctx) as s:
+        principal = auth.user(s)
+    team = principal.team or "default"
+    # Stored under a temporary key first: the final key is the digest, known at the end.
+    staging = f"staging/{team}/{time.time_ns()}"
+    try:
+        written = store.put(staging, request_blocks(request), limit_bytes=ctx.config.artifacts.max_snapshot_bytes)
+    except StoreError:
+        store.delete(staging)
+        raise
+    if written.size == 0:
+        store.delete(staging)
+        raise InvalidInput("the snapshot is empty: send the tar.gz as the request body")
+    key = records.snapshot_key(team, written.digest)
+    try:
+        if store.exists(key):
+            store.delete(staging)
+        else:
+            store.put(key, store.get(staging))
+            store.delete(staging)
+    except StoreError:
+        store.delete(staging)
+        raise
+    with tx(ctx) as s:
+        records.record_snapshot(s, team, key, written, ctx.clock.now())
+    return SnapshotOut(digest=written.digest, size=written.size)
+
+
+@router.get("/api/v1/tasks/{task_id}/artifacts", response_model=list[ArtifactOut])
+def list_artifacts(task_id: str, auth: Auth, ctx: Ctx) -> list[ArtifactOut]:
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        return [ArtifactOut.model_validate(a) for a in records.list_artifacts(s, task.id)]
+
+
+@router.get("/api/v1/tasks/{task_id}/artifacts/{name:path}")
+def download_artifact(
+    task_id: str,
+    name: str,
+    auth: Auth,
+    ctx: Ctx,
+    attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+) -> StreamingResponse:
+    """The artifact's bytes (of the latest attempt that left one, or of `attempt`)."""
+    store = store_of(ctx)
+    with tx(ctx) as s:
+        task = visible_task(s, auth.user(s), task_id)
+        art = records.find_artifact(s, task.id, name, attempt)
+        if art is None:
+            which = f" from attempt {attempt}" if attempt else ""
+            raise NotFound(f"task {task_id} has no artifact {name!r}{which}: list them with `autoscaler artifacts`")
+        key, digest, size = art.key, art.digest, art.size
+    blocks = store.get(key)
+    return StreamingResponse(
+        blocks,
+        media_type="application/octet-stream",
+        headers={"X-Digest": digest, "Content-Length": str(size)},
+    )
+
+
+@router.get(TRANSFER + "{ticket}")
+def transfer_get(ticket: str, ctx: Ctx) -> StreamingResponse:
+    """A worker fetches one object (code snapshot, checkpoint) on the ticket of its lease."""
+    store = store_of(ctx)
+    t = tickets.verify(ticket, ticket_key(ctx), now=ctx.clock.now().timestamp(), op="get")
+    return StreamingResponse(store.get(t.key), media_type="application/octet-stream")
+
+
+@router.put(TRANSFER + "{ticket}", response_model=ArtifactOut)
+def transfer_put(
+    ticket: str,
+    request: Request,
+    ctx: Ctx,
+    format: Annotated[str, Query(pattern="^(file|tar.gz)$")] = "file",
+) -> ArtifactOut:
+    """A worker stores one output or checkpoint of its live attempt; answers what was
+    recorded (the worker compares the digest with its own)."""
+    store = store_of(ctx)
+    t = tickets.verify(ticket, ticket_key(ctx), now=ctx.clock.now().timestamp(), op="put")
+    with tx(ctx) as s:
+        task = _live_attempt(s, t)
+        team = task.team
+    name = t.name + (".tar.gz" if format == "tar.gz" and t.kind == "output" else "")
+    key = records.artifact_key(t.task_id, t.attempt, t.kind, name)
+    written = store.put(key, request_blocks(request), limit_bytes=ctx.config.artifacts.max_artifact_bytes)
+    with tx(ctx) as s:
+        art = records.record_artifact(
+            s,
+            task_id=t.task_id,
+            team=team,
+            attempt=t.attempt,
+            kind=t.kind,
+            name=name,
+            key=key,
+            written=written,
+            now=ctx.clock.now(),
+        )
+        return ArtifactOut.model_validate(art)
+
+
+def _live_attempt(session: Session, t: tickets.Ticket) -> Task:
+    task = session.get(Task, t.task_id)
+    if task is None or task.worker_id != t.worker_id or task.attempts != t.attempt or task.state not in _ACTIVE:
+        raise Forbidden(f"attempt {t.attempt} of task {t.task_id} is over on this worker: its uploads are closed")
+    return task
+
+
+def transfers_for(session: Session, ctx: AppContext, worker_id: str, task: Task) -> TransfersOut | None:
+    """The URLs the leasing worker needs for this attempt, or None when the task carries
+    no files. Download tickets live `artifacts.ticket_ttl_s`; upload tickets as long as
+    the attempt can (its timeout, else a week) and die with it anyway (`_live_attempt`)."""
+    code = task.code or {}
+    if not (code or task.outputs or task.checkpoint_dir):
+        return None
+    store = store_of(ctx)
+    key = ticket_key(ctx)
+    now = ctx.clock.now().timestamp()
+    cfg = ctx.config.artifacts
+    put_ttl = (task.timeout_s or 7 * 86400) + 3600
+
+    def get_url(store_key: str) -> str:
+        signed = store.presigned_get(store_key, cfg.ticket_ttl_s)
+        if signed is not None:
+            return signed
+        t = tickets.Ticket("get", store_key, task.id, task.attempts, worker_id, now + cfg.ticket_ttl_s)
+        return TRANSFER + tickets.sign(t, key)
+
+    def put_url(kind: str, name: str) -> str:
+        t = tickets.Ticket("put", "", task.id, task.attempts, worker_id, now + put_ttl, kind=kind, name=name)
+        return TRANSFER + tickets.sign(t, key)
+
+    out = TransfersOut()
+    digest = code.get("snapshot") or code.get("diff_snapshot")
+    if digest:
+        snap = records.find_snapshot(session, task.team, str(digest))
+        if snap is None:
+            raise NotFound(f"code snapshot {digest} of task {task.id} is no longer stored (retention?)")
+        out.code_url, out.code_digest = get_url(snap.key), snap.digest
+    if task.checkpoint_dir:
+        last = records.latest_checkpoint(session, task.id)
+        if last is not None:
+            out.checkpoint_url, out.checkpoint_digest = get_url(last.key), last.digest
+        out.checkpoint_upload_url = put_url("checkpoint", records.CHECKPOINT_NAME)
+    out.output_urls = {p: put_url("output", p) for p in task.outputs or []}
+    return out

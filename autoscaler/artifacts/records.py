@@ -1,0 +1,115 @@
+"""What the database keeps of stored objects: the snapshots each team uploaded and
+the artifacts each task's attempts left, with the store keys they live under.
+
+Keys are built here from ids the server made (team names, task ids, digests), never
+from a path a client sent, so no request can name an object outside its own task or
+team. Names a task gives its outputs are kept in the row, not in the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from autoscaler.artifacts.store import ArtifactStore, Written
+from autoscaler.queueing.states import ACTIVE, TaskState
+from autoscaler.state.models import Artifact, Snapshot, Task
+
+KINDS = ("output", "checkpoint")
+CHECKPOINT_NAME = "checkpoint.tar.gz"
+
+
+def snapshot_key(team: str, digest: str) -> str:
+    return f"snapshots/{team}/{digest.removeprefix('sha256:')}"
+
+
+def artifact_key(task_id: str, attempt: int, kind: str, name: str) -> str:
+    # The name is hashed: it is the task's choice and may hold anything a path can.
+    return f"tasks/{task_id}/{attempt}/{kind}/{hashlib.sha256(name.encode()).hexdigest()[:40]}"
+
+
+def record_snapshot(session: Session, team: str, key: str, written: Written, now: datetime) -> Snapshot:
+    row = session.get(Snapshot, (team, written.digest))
+    if row is None:
+        row = Snapshot(team=team, digest=written.digest, size=written.size, key=key, created_at=now)
+        session.add(row)
+    else:
+        row.created_at = now  # uploaded again: its retention starts over
+    session.flush()
+    return row
+
+
+def find_snapshot(session: Session, team: str, digest: str) -> Snapshot | None:
+    return session.get(Snapshot, (team, digest))
+
+
+def record_artifact(
+    session: Session,
+    *,
+    task_id: str,
+    team: str,
+    attempt: int,
+    kind: str,
+    name: str,
+    key: str,
+    written: Written,
+    now: datetime,
+) -> Artifact:
+    """Add the artifact, or replace its attempt's earlier version (a periodic checkpoint)."""
+    row = session.scalars(
+        select(Artifact).where(Artifact.task_id == task_id, Artifact.name == name, Artifact.attempt == attempt)
+    ).first()
+    if row is None:
+        row = Artifact(task_id=task_id, team=team, name=name, attempt=attempt)
+        session.add(row)
+    row.kind, row.key, row.size, row.digest, row.created_at = kind, key, written.size, written.digest, now
+    session.flush()
+    return row
+
+
+def list_artifacts(session: Session, task_id: str) -> list[Artifact]:
+    return list(
+        session.scalars(select(Artifact).where(Artifact.task_id == task_id).order_by(Artifact.attempt, Artifact.name))
+    )
+
+
+def find_artifact(session: Session, task_id: str, name: str, attempt: int | None = None) -> Artifact | None:
+    """The named artifact of that attempt, or of the latest attempt that left one."""
+    stmt = select(Artifact).where(Artifact.task_id == task_id, Artifact.name == name)
+    if attempt is not None:
+        stmt = stmt.where(Artifact.attempt == attempt)
+    return session.scalars(stmt.order_by(Artifact.attempt.desc()).limit(1)).first()
+
+
+def latest_checkpoint(session: Session, task_id: str) -> Artifact | None:
+    """What the next attempt starts from: the checkpoint of the latest attempt that saved one."""
+    stmt = select(Artifact).where(Artifact.task_id == task_id, Artifact.kind == "checkpoint")
+    return session.scalars(stmt.order_by(Artifact.attempt.desc(), Artifact.created_at.desc()).limit(1)).first()
+
+
+def prune(session: Session, store: ArtifactStore, *, older_than: datetime) -> int:
+    """Retention: forget and delete artifacts and snapshots stored before `older_than`.
+
+    A snapshot still named by a queued or running task is kept (deleting it would fail
+    the task's next attempt); it ages out once no such task is left."""
+    n = 0
+    for art in list(session.scalars(select(Artifact).where(Artifact.created_at < older_than))):
+        store.delete(art.key)
+        session.delete(art)
+        n += 1
+    live_states = [s.value for s in ACTIVE] + [TaskState.QUEUED.value]
+    in_use = {
+        (t.team, str((t.code or {}).get(field) or ""))
+        for t in session.scalars(select(Task).where(Task.state.in_(live_states), Task.code.is_not(None)))
+        for field in ("snapshot", "diff_snapshot")
+    }
+    for snap in list(session.scalars(select(Snapshot).where(Snapshot.created_at < older_than))):
+        if (snap.team, snap.digest) in in_use:
+            continue
+        store.delete(snap.key)
+        session.execute(delete(Snapshot).where(Snapshot.team == snap.team, Snapshot.digest == snap.digest))
+        n += 1
+    return n

@@ -1,0 +1,1 @@
+"""What a task carries, built on the submitting side (code snapshots)."""
