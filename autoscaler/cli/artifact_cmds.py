@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,23 +12,9 @@ from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, print_json, print_table, sdk_client
 from autoscaler.errors import InvalidInput
 from autoscaler.sdk import Client
-from autoscaler.sdk.errors import SdkError
-from autoscaler.workload.snapshot import PackedSnapshot, git_state, pack_directory
+from autoscaler.sdk.remote import git_code, snapshot_code
 
 DEFAULT_CODE_LIMIT = 512 * 1024 * 1024
-
-
-def _upload(sdk: Client, packed: PackedSnapshot) -> str:
-    try:
-        answer = sdk.upload_snapshot(packed.path)
-    finally:
-        packed.path.unlink(missing_ok=True)
-    if answer.digest != packed.digest:
-        raise SdkError(
-            f"the server stored {answer.digest} but {packed.digest} was sent: the upload was "
-            "damaged on the way; enqueue again"
-        )
-    return packed.digest
 
 
 def carry_fields(
@@ -40,6 +25,7 @@ def carry_fields(
     ref: str | None,
     no_git: bool,
     limit_bytes: int,
+    team: str | None = None,
 ) -> dict[str, Any]:
     """The task's `code`: a directory packed and uploaded, or a git repository (from
     `--git`, or from the checkout `--code` is in: its origin, HEAD and uncommitted diff)."""
@@ -54,23 +40,18 @@ def carry_fields(
     root = Path(code)
     if not root.is_dir():
         raise InvalidInput(f"--code {code}: not a directory")
-    state = None if no_git else git_state(root)
-    if state is None:
-        digest = _upload(sdk, pack_directory(root, limit_bytes=limit_bytes))
-        typer.echo(f"code: {root.resolve()} uploaded as {digest}", err=True)
-        return {"code": {"snapshot": digest}}
-    diff_digest = None
-    if state.diff:
-        with tempfile.TemporaryDirectory(prefix="autoscaler-diff-") as tmp:
-            (Path(tmp) / "diff.patch").write_bytes(state.diff)
-            diff_digest = _upload(sdk, pack_directory(Path(tmp), limit_bytes=limit_bytes, honour_gitignore=False))
+    checkout = None if no_git else git_code(sdk, root, limit_bytes, team)
+    if checkout is None:
+        snapshot = snapshot_code(sdk, root, limit_bytes, team)
+        typer.echo(f"code: {root.resolve()} uploaded as {snapshot.digest}", err=True)
+        return {"code": snapshot.to_json()}
     typer.echo(
-        f"code: {state.url} at {state.commit[:12]}"
-        + (" with the uncommitted diff" if diff_digest else "")
+        f"code: {checkout.url} at {checkout.ref[:12]}"
+        + (" with the uncommitted diff" if checkout.diff_snapshot else "")
         + " (untracked files are not sent; --no-git packs the directory instead)",
         err=True,
     )
-    return {"code": {"git": state.url, "ref": state.commit, "diff_snapshot": diff_digest}}
+    return {"code": checkout.to_json()}
 
 
 @app.command()

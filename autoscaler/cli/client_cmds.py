@@ -229,7 +229,7 @@ def enqueue(
         checkpoint_every_s=checkpoint_every,
         team=team,
     )
-    body.update(carry_fields(sdk, code=code, git=git, ref=ref, no_git=no_git, limit_bytes=code_limit))
+    body.update(carry_fields(sdk, code=code, git=git, ref=ref, no_git=no_git, limit_bytes=code_limit, team=team))
     task = sdk.submit_raw(body)
     if json_out:
         print_json(task)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 from autoscaler.sdk.body import task_body
 from autoscaler.sdk.errors import SdkError
@@ -120,11 +121,12 @@ class Client:
         rows = self.api.get("/api/v1/tasks", queue=queue, state=list(state) if state else None, team=team, limit=limit)
         return [TaskInfo.parse(r) for r in rows]
 
-    def upload_snapshot(self, archive: Path) -> Snapshot:
+    def upload_snapshot(self, archive: Path, *, team: str | None = None) -> Snapshot:
         """Store a tar.gz of code on the server; the returned digest goes in
-        `submit(code=SnapshotCode(digest))`. Raises `FeatureMissing` when the server has
-        no snapshot store."""
-        endpoint = "/api/v1/snapshots"
+        `submit(code=SnapshotCode(digest))` (for the same team: admins name it, a team
+        token's snapshot is its team's). Raises `FeatureMissing` when the server has no
+        snapshot store."""
+        endpoint = "/api/v1/snapshots" + (f"?team={quote(team)}" if team else "")
         try:
             reply = self.api.post_file(endpoint, archive, "application/gzip")
         except SdkError as exc:

@@ -14,18 +14,19 @@ it returns and the script carries on. How the worker gets the code is `code=`:
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Literal, NoReturn
 
 from autoscaler.errors import AutoscalerError
 from autoscaler.sdk.client import Client
-from autoscaler.sdk.errors import FeatureMissing, NotAScript, SdkError
+from autoscaler.sdk.errors import NotAScript, SdkError
 from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode, TaskInfo
+from autoscaler.workload.snapshot import PackedSnapshot, git_state, pack_directory
 
 # Set by the agent in every task's environment (agent/runner.py).
 TASK_ID_ENV = "AUTOSCALER_TASK_ID"
@@ -66,50 +67,58 @@ def entry_point(argv: Sequence[str] | None = None) -> Entry:
 
 
 # -- How the code reaches the worker -------------------------------------------------
-# "path" needs nothing from the server. "snapshot" and "git" need the snapshot store
-# and the `code` task field (autoscaler.workload.snapshot and POST /api/v1/snapshots);
-# a server without them answers with a FeatureMissing saying so.
+# "path" needs nothing from the server; "snapshot" and "git" (with an uncommitted diff)
+# upload through POST /api/v1/snapshots, and a server without a snapshot store answers
+# with a FeatureMissing saying so. The CLI's `enqueue --code/--git` uses these too.
 
 
-def _snapshot_module() -> Any:
+def _upload(client: Client, packed: PackedSnapshot, team: str | None) -> str:
     try:
-        return importlib.import_module("autoscaler.workload.snapshot")
-    except ImportError:
-        raise FeatureMissing(
-            "this installation has no code snapshots (autoscaler.workload.snapshot is missing): "
-            "use code='path' with a directory the worker reaches at the same path, or upgrade autoscaler"
-        ) from None
-
-
-def snapshot_code(client: Client, root: Path, limit_bytes: int) -> SnapshotCode:
-    """Pack `root` and upload it: the one place code leaves this machine."""
-    packed = _snapshot_module().pack_directory(root, limit_bytes=limit_bytes)
-    try:
-        snapshot = client.upload_snapshot(Path(packed.path))
+        snapshot = client.upload_snapshot(packed.path, team=team)
     finally:
-        Path(packed.path).unlink(missing_ok=True)
-    return SnapshotCode(snapshot.digest)
-
-
-def git_code(root: Path) -> GitCode:
-    state = _snapshot_module().git_state(root)
-    if state is None:
-        raise SdkError(f"{root} is not in a git checkout with a remote: use code='snapshot' or code='path'")
-    if state.diff:
+        packed.path.unlink(missing_ok=True)
+    if snapshot.digest != packed.digest:
         raise SdkError(
-            f"{root} has uncommitted changes: commit and push them, or use code='snapshot' to send them as they are"
+            f"the server stored {snapshot.digest} but {packed.digest} was sent: the upload was damaged on the "
+            "way; submit again"
         )
-    return GitCode(url=str(state.url), ref=str(state.commit))
+    return snapshot.digest
 
 
-def code_source(mode: CodeMode, client: Client, root: Path, limit_bytes: int) -> tuple[str | None, CodeSource | None]:
+def snapshot_code(client: Client, root: Path, limit_bytes: int, team: str | None = None) -> SnapshotCode:
+    """Pack `root` (honouring .gitignore) and upload it for `team` (admins; a team token
+    uploads for its own): the one place code leaves this machine."""
+    return SnapshotCode(_upload(client, pack_directory(root, limit_bytes=limit_bytes), team))
+
+
+def git_code(client: Client, root: Path, limit_bytes: int, team: str | None = None) -> GitCode | None:
+    """The checkout `root` is in: its origin, HEAD and the uncommitted diff (uploaded as
+    a snapshot of one `diff.patch`), as ClearML records it. None: not a git checkout."""
+    state = git_state(root)
+    if state is None:
+        return None
+    diff_digest = None
+    if state.diff:
+        with tempfile.TemporaryDirectory(prefix="autoscaler-diff-") as tmp:
+            (Path(tmp) / "diff.patch").write_bytes(state.diff)
+            packed = pack_directory(Path(tmp), limit_bytes=limit_bytes, honour_gitignore=False)
+            diff_digest = _upload(client, packed, team)
+    return GitCode(url=str(state.url), ref=str(state.commit), diff_snapshot=diff_digest)
+
+
+def code_source(
+    mode: CodeMode, client: Client, root: Path, limit_bytes: int, team: str | None
+) -> tuple[str | None, CodeSource | None]:
     """(working_dir, code) for the task."""
     if mode == "path":
         return str(root), None
     if mode == "snapshot":
-        return None, snapshot_code(client, root, limit_bytes)
+        return None, snapshot_code(client, root, limit_bytes, team)
     if mode == "git":
-        return None, git_code(root)
+        code = git_code(client, root, limit_bytes, team)
+        if code is None:
+            raise SdkError(f"{root} is not in a git checkout with a remote: use code='snapshot' or code='path'")
+        return None, code
     raise SdkError(f"code={mode!r}: give 'path', 'snapshot' or 'git'")
 
 
@@ -164,7 +173,7 @@ def run_remotely(
     api = client or Client(server, token)
     try:
         entry = entry_point()
-        working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes)
+        working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes, team)
         interpreter = python or (sys.executable if code == "path" else "python3")
         task = api.submit(
             [interpreter, *entry.args],

@@ -95,6 +95,23 @@ def test_a_team_cannot_run_another_teams_snapshot(server: LiveServer) -> None:
     assert team(server, "vision").post("/api/v1/tasks", json=task).status_code == 201
 
 
+def test_an_admin_uploads_for_the_team_it_enqueues_for_and_a_team_only_for_itself(server: LiveServer) -> None:
+    body = tgz({"a": b"2"})
+    admin = client(server, issue_token(server.ctx, "admin"))
+    r = admin.post("/api/v1/snapshots?team=vision", content=body, headers={"Content-Type": "application/gzip"})
+    assert r.status_code == 201, r.text
+    task = {"queue": "gpu", "command": ["true"], "gpus": 1, "code": {"snapshot": r.json()["digest"]}}
+    assert admin.post("/api/v1/tasks", json={**task, "team": "vision"}).status_code == 201
+    # Uploaded for vision, so not the admin's catch-all team's (nor nlp's).
+    assert admin.post("/api/v1/tasks", json=task).status_code == 404
+    other = team(server, "nlp").post(
+        "/api/v1/snapshots?team=vision", content=body, headers={"Content-Type": "application/gzip"}
+    )
+    assert other.status_code == 403 and "cannot upload a snapshot for team vision" in other.json()["detail"]
+    nosuch = admin.post("/api/v1/snapshots?team=nosuch", content=body, headers={"Content-Type": "application/gzip"})
+    assert nosuch.status_code in (404, 422) and "nosuch" in nosuch.json()["detail"]
+
+
 def test_task_paths_must_stay_in_the_task_directory(server: LiveServer) -> None:
     vision = team(server, "vision")
     for bad in ({"outputs": ["../x"]}, {"outputs": ["/etc/passwd"]}, {"checkpoint_dir": "a/../../b"}):

@@ -3,14 +3,13 @@ running the task, and the script started as a user starts it (`python train.py`)
 
 from __future__ import annotations
 
-import importlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from autoscaler.artifacts.store import LocalStore
 from autoscaler.sdk import Client
 from tests.agent.conftest import PY, AgentHarness, py
 from tests.conftest import REPO, free_port, issue_token
@@ -134,24 +133,39 @@ def test_on_a_worker_it_returns_and_enqueues_nothing(harness: AgentHarness, tmp_
     assert harness.admin.get("/api/v1/tasks").json() == []
 
 
-def _has_snapshot_packer() -> bool:
-    try:
-        importlib.import_module("autoscaler.workload.snapshot")
-    except ImportError:
-        return False
-    return True
+def test_snapshot_mode_runs_code_that_exists_only_on_the_submitting_side(harness: AgentHarness, tmp_path: Path) -> None:
+    """code='snapshot': the script's directory is packed and uploaded; the worker runs
+    the unpacked copy in its own scratch dir, after the original is gone."""
+    harness.ctx.artifacts = LocalStore(tmp_path / "store")
+    harness.start_agent(gpus=1)
+    project = tmp_path / "project"
+    # The worker's interpreter (default `python3` for a snapshot) is this one here.
+    script = write_script(project, extra=f", code='snapshot', python={PY!r}")
+    (project / "data.txt").write_text("only on the laptop\n")
+    script.write_text(
+        script.read_text().replace("sys.exit(", "print(open('data.txt').read().strip(), flush=True)\nsys.exit(")
+    )
+    done = submit_side(harness, script, "e1")
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.strip()
+    shutil.rmtree(project)  # from here on the code exists only in the store
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        task = client.task(task_id)
+        info = task.wait(timeout=60, poll_s=0.2)
+        assert info.state == "succeeded", harness.agents[0].log()
+        assert info.working_dir is None and info.raw["code"]["snapshot"].startswith("sha256:")
+        out = task.output("stdout").splitlines()
+        assert out[0].startswith("worker ran ") and "['e1']" in out[0] and str(project) not in out[0]
+        assert out[1] == "only on the laptop"
 
 
-@pytest.mark.skipif(
-    _has_snapshot_packer(),
-    reason="the snapshot packer is installed: snapshot mode is covered with the artifact store's tests",
-)
-def test_snapshot_mode_without_the_snapshot_packer_says_what_to_use_instead(
+def test_snapshot_mode_against_a_server_without_a_store_says_so_and_enqueues_nothing(
     harness: AgentHarness, tmp_path: Path
 ) -> None:
+    harness.ctx.artifacts = None
     script = write_script(tmp_path / "project", extra=", code='snapshot'")
     done = submit_side(harness, script)
-    assert done.returncode == 1 and "no code snapshots" in done.stderr and "code='path'" in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.startswith("error: ")
     assert harness.admin.get("/api/v1/tasks").json() == []
 
 

@@ -70,13 +70,25 @@ def request_blocks(request: Request) -> Iterator[bytes]:
 
 
 @router.post(SNAPSHOTS, response_model=SnapshotOut, status_code=201)
-def upload_snapshot(request: Request, auth: Auth, ctx: Ctx) -> SnapshotOut:
+def upload_snapshot(
+    request: Request,
+    auth: Auth,
+    ctx: Ctx,
+    team: Annotated[str | None, Query(max_length=64, description="Admins only: the team the snapshot is for.")] = None,
+) -> SnapshotOut:
     """A code snapshot: the raw tar.gz as the body. Answers its digest, which a task names
-    in `code.snapshot`; the client compares it with its own to check the upload."""
+    in `code.snapshot`; the client compares it with its own to check the upload. A
+    snapshot belongs to one team; an admin uploads for the team it enqueues for."""
     store = store_of(ctx)
     with tx(ctx) as s:
         principal = auth.user(s)
-    team = principal.team or "default"
+    if principal.is_admin:
+        team = team or "default"
+        ctx.config.check_team(team)
+    elif team and team != principal.team:
+        raise Forbidden(f"a {principal.team} token cannot upload a snapshot for team {team}")
+    else:
+        team = principal.team or "default"
     # Stored under a temporary key first: the final key is the digest, known at the end.
     staging = f"staging/{team}/{time.time_ns()}"
     try:
