@@ -2,8 +2,9 @@
 
 Each VC becomes a team named after its file. A job's run time is its step count divided
 by its V100 throughput alone (`simulation_throughputs.json`, key `('<job_type>', <gpus>)`,
-entry `null`), as in the Gavel simulator. Every VC's clock starts at 0, so VCs overlay
-as concurrent teams. Jobs wider than 8 GPUs are split (see `split_wide`).
+entry `null`), as in the Gavel simulator; `throughput` says which entry applies when the
+table does not list the job's own scale factor. Every VC's clock starts at 0, so VCs
+overlay as concurrent teams. Jobs wider than 8 GPUs are split (see `split_wide`).
 """
 
 from __future__ import annotations
@@ -38,11 +39,43 @@ def _team(stem: str) -> str:
     return name if name[0].isalnum() else f"vc{name}"
 
 
+def _rates(table: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """Job type -> {scale factor: steps per second alone}, from the table's keys."""
+    out: dict[str, dict[int, float]] = {}
+    for key, entry in table.items():
+        m = _KEY.fullmatch(key)
+        rate = entry.get("null") if isinstance(entry, dict) else None
+        if m is None or not isinstance(rate, int | float) or rate <= 0:
+            continue
+        out.setdefault(m.group(1), {})[int(m.group(2))] = float(rate)
+    return out
+
+
+_KEY = re.compile(r"\('(.*)', (\d+)\)")
+
+
+def throughput(rates: dict[int, float], gpus: int) -> float | None:
+    """Steps per second of a job on `gpus` GPUs: the table's entry for that scale factor
+    where it is listed; otherwise the largest listed scale factor below it, scaled
+    linearly (16 GPUs run twice as fast as the 8-GPU entry). Linear is optimistic for
+    jobs that cross machines, but the 1-GPU entry the loader used before made a 32-GPU
+    job run as long as on one GPU, inflating the trace's work by about 1.4x. None when
+    no entry at or below `gpus` exists."""
+    if gpus in rates:
+        return rates[gpus]
+    below = [k for k in rates if k < gpus]
+    if not below:
+        return None
+    base = max(below)
+    return rates[base] * gpus / base
+
+
 def load_philly(path: Path) -> Workload:
     traces, table_path = _find(path)
     try:
         table: dict[str, Any] = json.loads(table_path.read_text())[GPU_BASIS]
-    except (OSError, ValueError, KeyError) as exc:
+        rates = _rates(table)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise InvalidInput(f"{table_path}: cannot read the {GPU_BASIS} throughput table ({exc})") from None
     tasks: list[TraceTask] = []
     missing = 0
@@ -59,15 +92,16 @@ def load_philly(path: Path) -> Workload:
                     f"{trace}:{n}: expected 7 tab-separated columns (job_type, command, "
                     "num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor)"
                 ) from None
-            entry = table.get(f"('{job_type}', {gpus})") or table.get(f"('{job_type}', 1)")
-            rate = entry.get("null") if isinstance(entry, dict) else None
-            if not rate:
+            rate = throughput(rates.get(job_type, {}), gpus)
+            if rate is None:
                 missing += 1
                 continue
-            parts = split_wide(f"{team}-{n}", team, arrival, steps / float(rate), gpus)
+            parts = split_wide(f"{team}-{n}", team, arrival, steps / rate, gpus)
             tasks.extend(parts)
     tasks.sort(key=lambda t: (t.arrival_s, t.key))
-    notes = [f"{len(traces)} virtual clusters as teams; run time = steps / V100 throughput"]
+    notes = [
+        f"{len(traces)} virtual clusters as teams; run time = steps / V100 throughput at the job's scale factor (linear above the largest listed)"
+    ]
     if note := split_note(tasks, "job"):
         notes.append(note)
     if missing:
