@@ -49,6 +49,7 @@ TAG_OWNER = "autoscaler-owner"
 TAG_POOL = "autoscaler-pool"
 TAG_REQUEST = "autoscaler-request-id"
 TAG_TEAM = "autoscaler-team"
+TAG_GANG = "autoscaler-gang"
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,25 @@ class Offering:
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """One instance of one offering, as the reconciler asks for it.
+    """One instance of one offering, or one gang of `nodes` instances, as the reconciler
+    asks for it.
 
-    Exactly what the reconciler sets, nothing more: one row in the state database is
-    one instance, so there is no count; the planner has already chosen the offering
-    (zone, capacity type) and applied the policy's spot price cap, so there are no
-    alternatives, zones or price caps for a driver to second-guess.
+    Exactly what the reconciler sets, nothing more: the planner has already chosen the
+    offering (zone, capacity type) and applied the policy's spot price cap, so there are
+    no alternatives, zones or price caps for a driver to second-guess.
+
+    **Gangs** (`nodes` > 1, `gang` = the gang's id): the driver launches exactly `nodes`
+    instances of the offering in ONE zone, all or nothing. On a partial result it
+    terminates what it started and raises `CapacityError` (scope OFFERING), so the
+    planner retries the whole gang elsewhere; a half gang is never left billing. Every
+    returned `ProviderInstance` carries `request_id` and the tag `autoscaler-gang`
+    (`TAG_GANG`) with the gang id. `launch` stays idempotent per `request_id`: a retry
+    after a crash finds the N instances, or finishes or cleans a partial set. Where the
+    cloud has one, the pool's placement option (AWS cluster placement group, GCP compact
+    placement policy, Azure proximity placement group) puts the N machines close
+    together. A driver that cannot launch `nodes` machines at all raises
+    `InvalidRequest`; `Capabilities.max_gang_nodes` tells the planner beforehand.
+    `nodes` = 1 with no `gang` is a single machine, unchanged.
     """
 
     request_id: str
@@ -88,14 +102,19 @@ class LaunchRequest:
     image: str | None = None
     user_data: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    nodes: int = 1
+    gang: str | None = None
 
     def all_tags(self) -> dict[str, str]:
-        return {
+        tags = {
             **self.tags,
             TAG_OWNER: self.owner,
             TAG_POOL: self.pool,
             TAG_REQUEST: self.request_id,
         }
+        if self.gang is not None:
+            tags[TAG_GANG] = self.gang
+        return tags
 
 
 class InstanceStatus(StrEnum):
@@ -150,6 +169,9 @@ class Capabilities:
     interruption_events: bool = False
     # Static pools: the reconciler never launches or terminates, only drains.
     static: bool = False
+    # The most machines one gang launch (`LaunchRequest.nodes`) may ask for; None = no
+    # driver limit (the cloud's quotas still apply). 1 = the driver launches no gangs.
+    max_gang_nodes: int | None = None
 
 
 class Scope(StrEnum):
@@ -311,8 +333,9 @@ class Provider(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        """Start one instance; idempotent by `request.request_id` (a list: the instance,
-        or none when the provider accepted the call but started nothing)."""
+        """Start one instance, or `request.nodes` of them all or nothing; idempotent by
+        `request.request_id` (a list: the instances, or none when the provider accepted
+        the call but started nothing)."""
         ...
 
     def list(self, owner: str) -> list[ProviderInstance]:

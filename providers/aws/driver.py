@@ -12,6 +12,14 @@ One launch is one instance of the offering the planner chose. It is one RunInsta
 call, unless the offering has no zone and the pool has several subnets: then (with
 `launch_api: fleet`, the default) an instant CreateFleet lets EC2 pick the subnet
 with capacity.
+
+A gang (`request.nodes` > 1) is one RunInstances call with MinCount = MaxCount = N in
+one subnet (the offering's zone's, else the pool's first), which EC2 fulfils all or
+nothing; with the pool's `placement_group` option, into a cluster placement group.
+A managed group (`{strategy: cluster}`) is named from the gang id, created before the
+call (or reused: a retry finds it) and deleted by `list` once no live instance of the
+gang is left and it is older than `placement_group_grace_s`; a failed launch deletes
+the group it has just created at once.
 """
 
 from __future__ import annotations
@@ -29,12 +37,15 @@ from typing import Any
 
 from providers.aws.errors import map_error
 from providers.aws.identity import verifier_from_options
-from providers.aws.settings import AwsSettings
+from providers.aws.settings import AwsSettings, PlacementGroupOption
 from providers.base import (
+    TAG_GANG,
     TAG_OWNER,
+    TAG_POOL,
     TAG_REQUEST,
     AuthError,
     Capabilities,
+    CapacityError,
     CapacityType,
     InstanceStatus,
     InterruptionEvent,
@@ -50,6 +61,8 @@ from providers.base import (
 from providers.identity import IdentityVerifier
 
 TAG_CAPACITY = "autoscaler-capacity-type"
+# On a managed placement group: when the driver created it (ISO time), for the grace.
+TAG_CREATED = "autoscaler-created-at"
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 SPOT_RECLAIMED = "Server.SpotInstanceTermination"
 _STATUS = {
@@ -141,7 +154,11 @@ class AwsProvider:
             raise InvalidRequest(
                 f"pool {request.pool!r} has no AMI: set `image` on the pool (build one with agent_image/packer)"
             )
+        if request.nodes < 1:
+            raise InvalidRequest(f"a launch needs at least one node, got nodes={request.nodes}")
         existing = self._by_request(request)
+        if request.nodes > 1:
+            return self._launch_gang(request, image, existing)
         if existing:
             return existing
         placements = self._placements(request)
@@ -153,7 +170,12 @@ class AwsProvider:
         return self._launch_run_instances(request, image, placements[0])
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:
-        return self._describe([{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}], include_reclaimed=True)
+        out = self._describe([{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}], include_reclaimed=True)
+        if isinstance(self.settings.placement_group, PlacementGroupOption):
+            # Best effort: a group left behind costs nothing but counts against a quota.
+            with contextlib.suppress(ProviderError):
+                self._delete_idle_placement_groups(owner, out)
+        return out
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         ids = [i for i in dict.fromkeys(instance_ids) if i]
@@ -289,11 +311,20 @@ class AwsProvider:
         self, request: LaunchRequest, image: str, place: Mapping[str, str]
     ) -> builtins.list[ProviderInstance]:
         o = request.offering
+        params = self._run_instances_params(request, image, place, count=1)
+        resp = self._call(self.ec2.run_instances, **params)
+        return [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
+
+    def _run_instances_params(
+        self, request: LaunchRequest, image: str, place: Mapping[str, str], *, count: int
+    ) -> dict[str, Any]:
+        o = request.offering
         params = self._instance_data(request, image)
         params.update(
             InstanceType=o.instance_type,
-            MinCount=1,
-            MaxCount=1,
+            # MinCount = MaxCount: EC2 starts all of them or none (a gang's promise).
+            MinCount=count,
+            MaxCount=count,
             ClientToken=client_token(request.request_id),
             UserData=request.user_data,  # boto3 base64-encodes it
         )
@@ -306,8 +337,98 @@ class AwsProvider:
             # cap, and EC2's default cap (the on-demand price) bounds the rest.
             spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
-        resp = self._call(self.ec2.run_instances, **params)
-        return [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
+        return params
+
+    # ---- gangs ---------------------------------------------------------------------
+
+    def _launch_gang(
+        self, request: LaunchRequest, image: str, existing: builtins.list[ProviderInstance]
+    ) -> builtins.list[ProviderInstance]:
+        """N instances in one subnet, all or nothing (see the module docstring)."""
+        n = request.nodes
+        if len(existing) == n:
+            return existing  # a retry after a crash: the gang is there
+        if existing:
+            # Fewer than N alive (some were reclaimed or terminated since): a half gang
+            # is useless and bills, so it goes, and the planner launches a whole one.
+            self.terminate([i.instance_id for i in existing])
+            raise CapacityError(
+                f"gang {request.gang or request.request_id}: {len(existing)} of {n} instances left "
+                "from an earlier launch; terminated them, launch the whole gang again",
+                code="PartialGang",
+            )
+        place = self._placements(request)[0]
+        group, created = self._placement_group_for(request)
+        o = request.offering
+        try:
+            params = self._run_instances_params(request, image, place, count=n)
+            if group is not None:
+                params.setdefault("Placement", {})["GroupName"] = group
+            resp = self._call(self.ec2.run_instances, **params)
+        except ProviderError:
+            if created:
+                with contextlib.suppress(ProviderError):
+                    self._call(self.ec2.delete_placement_group, GroupName=group)
+            raise
+        out = [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
+        if len(out) != n:
+            # MinCount makes EC2 all or nothing; this guards against an API that is not.
+            self.terminate([i.instance_id for i in out])
+            raise CapacityError(
+                f"gang {request.gang or request.request_id}: EC2 started {len(out)} of {n} "
+                f"{o.instance_type} instances; terminated them",
+                code="PartialGang",
+            )
+        return out
+
+    def _placement_group_for(self, request: LaunchRequest) -> tuple[str | None, bool]:
+        """(group name, whether this call created it) for a gang launch."""
+        option = self.settings.placement_group
+        if option is None:
+            return None, False
+        if isinstance(option, str):
+            return option, False
+        name = placement_group_name(request.gang or request.request_id)
+        tags = {
+            **self.settings.extra_tags,
+            TAG_OWNER: request.owner,
+            TAG_POOL: request.pool,
+            TAG_GANG: request.gang or request.request_id,
+            TAG_CREATED: self._now().isoformat(),
+        }
+        try:
+            self._call(
+                self.ec2.create_placement_group,
+                GroupName=name,
+                Strategy=option.strategy,
+                TagSpecifications=[
+                    {"ResourceType": "placement-group", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+                ],
+            )
+        except InvalidRequest as exc:
+            if exc.code != "InvalidPlacementGroup.Duplicate":
+                raise
+            return name, False  # an earlier attempt of this gang created it
+        return name, True
+
+    def _delete_idle_placement_groups(self, owner: str, live: Sequence[ProviderInstance]) -> None:
+        """Delete this owner's managed groups whose gang has no live instance left."""
+        busy = {i.tags.get(TAG_GANG) for i in live if i.status is not InstanceStatus.PREEMPTED}
+        resp = self._call(self.ec2.describe_placement_groups, Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])
+        now = self._now()
+        for group in resp.get("PlacementGroups", []):
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            created = _parse_time(tags.get(TAG_CREATED))
+            if tags.get(TAG_GANG) in busy or group.get("State") not in (None, "available"):
+                continue
+            if created is not None and (now - created).total_seconds() < self.settings.placement_group_grace_s:
+                continue
+            try:
+                self._call(self.ec2.delete_placement_group, GroupName=group["GroupName"])
+            except InvalidRequest as exc:
+                # InUse: its instances are still shutting down; the next listing retries.
+                if exc.code != "InvalidPlacementGroup.InUse":
+                    raise
 
     def _launch_fleet(
         self, request: LaunchRequest, image: str, placements: Sequence[Mapping[str, str]]
@@ -511,6 +632,11 @@ class AwsProvider:
             raise InvalidRequest(f"EC2 request refused by boto3: {exc}", code="ParamValidation") from None
         except BotoCoreError as exc:
             raise TransientError(f"cannot reach EC2: {exc}", code=type(exc).__name__) from None
+
+
+def placement_group_name(gang: str) -> str:
+    """EC2 group names take up to 255 ASCII characters; longer or odd gang ids are hashed."""
+    return f"autoscaler-{client_token(gang)}"
 
 
 def parse_interruption(body: str) -> InterruptionEvent | None:

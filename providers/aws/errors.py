@@ -68,6 +68,7 @@ ERROR_MAP: dict[str, Factory] = {
     "InstanceLimitExceeded": _quota(Scope.REGION),
     "MaxSpotFleetRequestCountExceeded": _quota(Scope.REGION),
     "LaunchTemplateLimitExceeded": _quota(Scope.REGION),
+    "PlacementGroupLimitExceeded": _quota(Scope.REGION),
     # Throttled: back off; nothing is marked unavailable.
     "RequestLimitExceeded": _rate,
     "Throttling": _rate,
@@ -101,6 +102,9 @@ PREFIX_MAP: dict[str, Factory] = {
     "InvalidKeyPair.": _invalid,
     "InvalidBlockDeviceMapping": _invalid,
     "IdempotentParameterMismatch": _invalid,
+    # Duplicate (reused by the driver), InUse (deleted later), Unknown (a named group
+    # that does not exist: a config error).
+    "InvalidPlacementGroup.": _invalid,
 }
 
 

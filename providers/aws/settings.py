@@ -8,13 +8,21 @@ Each field says its unit, default and why. Unknown keys are refused: a typo such
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from providers.base import DriverOptions, InvalidRequest, Scope, parse_options
 
 LaunchApi = Literal["fleet", "run_instances"]
+
+
+class PlacementGroupOption(DriverOptions):
+    """`placement_group: {strategy: cluster}`: the driver creates one cluster placement
+    group per gang (named from the gang id), launches the gang into it and deletes it
+    once the gang's instances are gone."""
+
+    strategy: Literal["cluster"] = "cluster"
 
 
 class AwsOptions(DriverOptions):
@@ -46,6 +54,20 @@ class AwsOptions(DriverOptions):
     # Another EC2 endpoint (LocalStack, moto); None = AWS's.
     endpoint_url: str | None = None
     extra_tags: dict[str, str] = Field(default_factory=dict)
+    # Where a gang (a launch of several nodes) goes: `{strategy: cluster}` = a cluster
+    # placement group per gang, managed by the driver; a string = the name of an
+    # existing cluster placement group every gang of this pool launches into (the
+    # operator owns it); None = no placement group (the gang still shares one subnet).
+    placement_group: (
+        Annotated[
+            Annotated[PlacementGroupOption, Tag("managed")] | Annotated[str, Tag("named")],
+            Discriminator(lambda v: "named" if isinstance(v, str) else "managed"),
+        ]
+        | None
+    ) = None
+    # Seconds a managed placement group whose gang has no live instance is kept before
+    # `list` deletes it: covers the moment between creating it and launching into it.
+    placement_group_grace_s: float = Field(600.0, ge=0)
     # The region's public AWS certificate (PEM, inline or a file path): when set, an
     # agent registers only with an instance identity document it signs (identity.py).
     identity_certificate: str | None = None

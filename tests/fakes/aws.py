@@ -9,6 +9,7 @@
   next matching call with EC2's error XML (or, `in_body=True`, with a CreateFleet
   response carrying the error in its `errorSet`, which is how an instant fleet
   reports capacity errors);
+- **models placement groups** (`tests/fakes/aws_placement.py`; moto 5 has none);
 - **records calls** (action and form parameters) so a test can read what the driver
   really sent, e.g. the user-data.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +32,9 @@ from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
 
 import pytest
+
+from tests.fakes.aws_placement import ACTIONS as PLACEMENT_ACTIONS
+from tests.fakes.aws_placement import PlacementError, PlacementGroups
 
 REGION = "us-east-1"
 # Dummy credentials: moto accepts anything; botocore only needs some to sign.
@@ -99,6 +104,7 @@ class EC2Middleware:
     def __init__(self, app: WsgiApp) -> None:
         self.app = app
         self.state = _State()
+        self.placement = PlacementGroups(alive=_moto_instance_alive)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -135,6 +141,15 @@ class EC2Middleware:
             status, headers, out = replay
             start_response(status, headers)
             return [out]
+        group: str | None = None
+        try:
+            if action in PLACEMENT_ACTIONS:
+                return _reply(start_response, "200 OK", self.placement.handle(action, params))
+            if action == "RunInstances":
+                group = self.placement.check_launch(params, _launch_zone(params))
+        except PlacementError as exc:
+            call.status = 400
+            return _reply(start_response, "400 Bad Request", error_xml(exc.code, exc.message))
         captured: dict[str, Any] = {}
 
         def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -143,6 +158,10 @@ class EC2Middleware:
 
         out = b"".join(self.app(environ, capture))
         call.status = int(str(captured.get("status", "200")).split()[0])
+        if group is not None and call.status == 200:
+            ids = re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", out.decode("utf-8", "replace"))
+            zones = re.findall(r"<availabilityZone>([a-z0-9-]+)</availabilityZone>", out.decode("utf-8", "replace"))
+            self.placement.joined(group, zones[0] if zones else None, ids)
         if token and action in self.IDEMPOTENT_ACTIONS and call.status == 200:
             with self.state.lock:
                 self.state.tokens[(action, token)] = (captured["status"], captured["headers"], out)
@@ -155,6 +174,38 @@ class EC2Middleware:
                     f.times -= 1
                 return f
         return None
+
+
+def _reply(start_response: StartResponse, status: str, out: bytes) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(out)))])
+    return [out]
+
+
+def _launch_zone(params: dict[str, str]) -> str | None:
+    """The zone a RunInstances call asks for: its placement's, or its subnet's."""
+    if params.get("Placement.AvailabilityZone"):
+        return params["Placement.AvailabilityZone"]
+    subnet = params.get("SubnetId")
+    for backend in _region_backends() if subnet else []:
+        for by_id in backend.subnets.values():
+            if subnet in by_id:
+                return str(by_id[subnet].availability_zone)
+    return None
+
+
+def _region_backends() -> list[Any]:
+    """moto's EC2 backends of this region, one per account (the server is in-process)."""
+    from moto.ec2.models import ec2_backends
+
+    return [account[REGION] for account in ec2_backends.values() if REGION in account]
+
+
+def _moto_instance_alive(instance_id: str) -> bool:
+    for backend in _region_backends():
+        inst = backend.get_instance_by_id(instance_id)
+        if inst is not None:
+            return str(inst.instance_state.name) != "terminated"
+    return False
 
 
 class MotoEC2:
