@@ -8,6 +8,12 @@
 - The operation is waited on with a `ZoneOperationsClient` built with the *same* client
   options as the instances client: `insert().result()` would poll through a client built
   without them, i.e. the public endpoint (see docs/providers.md).
+- A gang (`request.nodes` = N > 1) is N inserts (indices 0..N-1, each with its own
+  name and requestId) in one zone, with the pool's `placement_policy` (a compact
+  placement resource policy) on each VM. If one fails, the VMs already inserted are
+  deleted and the launch raises (`CapacityError` for capacity, else the error itself),
+  so no half gang is left. A retry of the same request finds the VMs already made
+  (`alreadyExists` / the same requestId) and inserts only the missing ones.
 - `list` is one aggregated (all zones) listing filtered by the owner label.
 - Instance ids are `<zone>/<name>`: GCP names are unique per zone and every call needs
   the zone.
@@ -26,10 +32,12 @@ from providers.base import (
     TAG_REQUEST,
     AuthError,
     Capabilities,
+    CapacityError,
     CapacityType,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
+    NotFound,
     Offering,
     ProviderError,
     ProviderInstance,
@@ -91,12 +99,51 @@ class GcpProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        if request.nodes < 1:
+            raise InvalidRequest(f"a launch needs at least one node, got nodes={request.nodes}")
         zone = request.offering.zone or self.settings.zones[0]
-        # Index 0: names and operation ids keep the form they had when a request could
+        # Index i: names and operation ids keep the form they had when a request could
         # ask for several instances, so instances launched before still match.
-        name = instance_name(self.settings.name_prefix, request.request_id, 0)
-        self._insert(request, zone, name, 0)
-        return [self._launched_view(request, zone, name)]
+        names = [instance_name(self.settings.name_prefix, request.request_id, i) for i in range(request.nodes)]
+        done: list[str] = []
+        for index, name in enumerate(names):
+            try:
+                self._insert(request, zone, name, index)
+            except ProviderError as exc:
+                if request.nodes == 1:
+                    raise
+                raise self._roll_back(request, zone, names, done, exc) from None
+            done.append(name)
+        return [self._launched_view(request, zone, name) for name in names]
+
+    def _roll_back(
+        self, request: LaunchRequest, zone: str, names: list[str], done: list[str], exc: ProviderError
+    ) -> ProviderError:
+        """Delete a gang's VMs after one of them failed; the error for the caller."""
+        # Every index, not only those this call made: a crashed earlier attempt may have
+        # left the later ones, and deleting an unknown name is success.
+        try:
+            self.terminate([f"{zone}/{name}" for name in names])
+        except ProviderError as cleanup:
+            return TransientError(
+                f"gang {request.gang or request.request_id}: {exc.message}; deleting its other VMs "
+                f"failed too ({cleanup.message}): the next launch of this request retries the cleanup"
+            )
+        if isinstance(exc, CapacityError):
+            return CapacityError(
+                f"gang {request.gang or request.request_id}: {len(done)} of {request.nodes} "
+                f"{request.offering.instance_type} VMs started in {zone} before {exc.message}; deleted them",
+                scope=Scope.OFFERING,
+                code=exc.code,
+            )
+        if isinstance(exc, NotFound) and self.settings.placement_policy:
+            # An insert that names a missing resource: with a policy set, most likely it.
+            return InvalidRequest(
+                f"{exc.message}: options.placement_policy must name a compact placement policy "
+                f"in region {self.settings.region} (create it, or fix the name)",
+                code=exc.code or "notFound",
+            )
+        return exc
 
     def list(self, owner: str) -> list[ProviderInstance]:
         compute = self._compute
@@ -255,6 +302,8 @@ class GcpProvider:
             network_interfaces=[interface],
             scheduling=scheduling,
         )
+        if request.nodes > 1 and s.placement_policy:
+            body.resource_policies = [self._policy_path(s.placement_policy)]
         accelerator = self._accelerator(offering)
         if accelerator:
             body.guest_accelerators = [
@@ -266,6 +315,11 @@ class GcpProvider:
         if s.service_account:
             body.service_accounts = [compute.ServiceAccount(email=s.service_account, scopes=list(s.scopes))]
         return body
+
+    def _policy_path(self, policy: str) -> str:
+        if "/" in policy:
+            return policy
+        return f"projects/{self.settings.project}/regions/{self.settings.region}/resourcePolicies/{policy}"
 
     def _accelerator(self, offering: Offering) -> str | None:
         if offering.gpus <= 0 or offering.instance_type.startswith(_BUILT_IN_GPU_FAMILIES):

@@ -35,6 +35,11 @@ class GcpOptions(DriverOptions):
     api_endpoint: str | None = None
     # How long `launch` waits for the insert operation (capacity errors arrive there).
     operation_timeout_s: float = Field(120.0, gt=0)
+    # A compact placement resource policy (group placement, collocation COLLOCATED) in
+    # the pool's region that every gang VM joins: its name, or its full resource path.
+    # The operator creates it (gcloud compute resource-policies create group-placement
+    # NAME --collocation=collocated --region=R); None = gangs are only kept in one zone.
+    placement_policy: str | None = Field(None, min_length=1)
 
     @field_validator("spot_termination_action", mode="before")
     @classmethod

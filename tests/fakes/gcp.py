@@ -13,6 +13,9 @@ It reproduces what the driver relies on, as the real API does it:
   (`warning` NO_RESULTS_ON_PAGE for empty zones).
 - `DELETE .../zones/Z/instances/N` answers an operation; unknown names answer 404
   `notFound`. Deletion completes when the operation is polled or at the next listing.
+- `resourcePolicies` on an insert must name policies that exist
+  (`add_resource_policy`; 404 `notFound` otherwise, as the real API); a compact policy
+  (collocation COLLOCATED) holds VMs of one zone only (400 `invalid` for another).
 - Faults: `fail_insert(...)` arms a synchronous HTTP error or an asynchronous operation
   error for the next inserts (optionally in one zone only).
 """
@@ -64,6 +67,8 @@ class GcpComputeFake(RestFake):
         self.by_request_id: dict[str, str] = {}
         self.faults: list[GcpFault] = []
         self.operation_polls = 1
+        # "projects/P/regions/R/resourcePolicies/N" -> {"collocation": ..., "zone": first member's}
+        self.resource_policies: dict[str, dict[str, Any]] = {}
         self._ids = itertools.count(1000)
         # Per operation: polls left, the instance key it acts on, the error it ends with.
         self._pending: dict[str, tuple[int, tuple[str, str, str], str, dict[str, Any] | None]] = {}
@@ -86,8 +91,17 @@ class GcpComputeFake(RestFake):
             GcpFault(code, message or f"{code} (fake)", http_status, sync, zone, quota_metric, times, after)
         )
 
+    def add_resource_policy(self, project: str, region: str, name: str, collocation: str = "COLLOCATED") -> str:
+        """Create a group placement policy (as `gcloud compute resource-policies create
+        group-placement` does); returns its resource path."""
+        path = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        with self.lock:
+            self.resource_policies[path] = {"collocation": collocation, "zone": None}
+        return path
+
     def reset(self) -> None:
         with self.lock:
+            self.resource_policies.clear()
             self.instances.clear()
             self.operations.clear()
             self.by_request_id.clear()
@@ -135,6 +149,9 @@ class GcpComputeFake(RestFake):
         problem = _validate_instance(body, zone)
         if problem:
             return _error(400, "invalid", problem)
+        policies, policy_error = self._policies(body, zone)
+        if policy_error is not None:
+            return policy_error
         key = (project, zone, body["name"])
         fault = self._take_fault(zone)
         if fault is not None and fault.sync:
@@ -158,6 +175,8 @@ class GcpComputeFake(RestFake):
             }
         else:
             self.instances[key] = self._resource(project, zone, body)
+            for policy in policies:
+                policy["zone"] = policy["zone"] or zone
         self._pending[op["name"]] = (self.operation_polls, key, "insert", error)
         if request_id is not None:
             self.by_request_id[request_id] = op["name"]
@@ -231,6 +250,24 @@ class GcpComputeFake(RestFake):
         )
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def _policies(self, body: Any, zone: str) -> tuple[list[dict[str, Any]], Response | None]:
+        """The resource policies an insert names, or the error the real API answers."""
+        found = []
+        for ref in body.get("resourcePolicies", []) if isinstance(body, dict) else []:
+            path = str(ref).removeprefix(_BASE + "/")
+            policy = self.resource_policies.get(path)
+            if policy is None:
+                return [], _error(404, "notFound", f"The resource '{path}' was not found")
+            if policy["collocation"] == "COLLOCATED" and policy["zone"] not in (None, zone):
+                return [], _error(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.resourcePolicies': '{path}'. A compact placement "
+                    f"policy holds VMs of one zone ({policy['zone']}), not {zone}.",
+                )
+            found.append(policy)
+        return found, None
 
     def _take_fault(self, zone: str) -> GcpFault | None:
         for fault in self.faults:
