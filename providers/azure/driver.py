@@ -9,6 +9,11 @@
   them.
 - A create that fails (allocation, quota) can leave the VM resource behind in a Failed
   state, and always leaves the NIC: both are deleted before the error is raised.
+- A gang (`request.nodes` = N > 1) is N VMs (indices 0..N-1) in the offering's zone,
+  each in the pool's `proximity_placement_group` when it names one. If one fails, the
+  VMs already created are deleted and the launch raises (`CapacityError` for capacity,
+  else the error itself), so no half gang is left; a retry of the same request finds
+  the VMs already made by name and creates only the missing ones.
 - `list` lists the resource group and keeps VMs whose owner tag matches (ARM has no tag
   filter on this call).
 """
@@ -29,10 +34,12 @@ from providers.base import (
     TAG_REQUEST,
     AuthError,
     Capabilities,
+    CapacityError,
     CapacityType,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
+    NotFound,
     Offering,
     ProviderError,
     ProviderInstance,
@@ -102,9 +109,47 @@ class AzureProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        # Index 0: the deterministic name keeps the form it had when a request could ask
+        if request.nodes < 1:
+            raise InvalidRequest(f"a launch needs at least one node, got nodes={request.nodes}")
+        # Index i: the deterministic name keeps the form it had when a request could ask
         # for several VMs, so VMs launched before still match their request.
-        return [self._launch_one(request, vm_name(self.settings.name_prefix, request.request_id, 0))]
+        names = [vm_name(self.settings.name_prefix, request.request_id, i) for i in range(request.nodes)]
+        out: list[ProviderInstance] = []
+        for name in names:
+            try:
+                out.append(self._launch_one(request, name))
+            except ProviderError as exc:
+                if request.nodes == 1:
+                    raise
+                raise self._roll_back(request, names, len(out), exc) from None
+        return out
+
+    def _roll_back(self, request: LaunchRequest, names: list[str], started: int, exc: ProviderError) -> ProviderError:
+        """Delete a gang's VMs after one of them failed; the error for the caller."""
+        gang = request.gang or request.request_id
+        # Every index, not only those this call made: a crashed earlier attempt may have
+        # left later ones, and deleting a missing VM is success.
+        try:
+            self.terminate(names)
+        except ProviderError as cleanup:
+            return TransientError(
+                f"gang {gang}: {exc.message}; deleting its other VMs failed too ({cleanup.message}): "
+                "the next launch of this request retries the cleanup"
+            )
+        if isinstance(exc, CapacityError):
+            return CapacityError(
+                f"gang {gang}: {started} of {request.nodes} {request.offering.instance_type} VMs created "
+                f"before {exc.message}; deleted them",
+                scope=Scope.OFFERING,
+                code=exc.code,
+            )
+        if isinstance(exc, NotFound) and self.settings.proximity_placement_group:
+            return InvalidRequest(
+                f"{exc.message}: options.proximity_placement_group must name an existing proximity "
+                f"placement group in {self.settings.location} (create it, or fix the name)",
+                code=exc.code,
+            )
+        return exc
 
     def list(self, owner: str) -> list[ProviderInstance]:
         out: list[ProviderInstance] = []
@@ -242,12 +287,23 @@ class AzureProvider:
             },
             "priority": "Regular",
         }
+        if request.nodes > 1 and s.proximity_placement_group:
+            props["proximityPlacementGroup"] = {"id": self._ppg_id(s.proximity_placement_group)}
         if offering.capacity_type == "spot":
             props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": s.max_price})
         body: dict[str, Any] = {"location": s.location, "tags": request.all_tags(), "properties": props}
         if offering.zone:
             body["zones"] = [offering.zone]
         return body
+
+    def _ppg_id(self, ppg: str) -> str:
+        if ppg.startswith("/subscriptions/"):
+            return ppg
+        s = self.settings
+        return (
+            f"/subscriptions/{s.subscription_id}/resourceGroups/{s.resource_group}"
+            f"/providers/Microsoft.Compute/proximityPlacementGroups/{ppg}"
+        )
 
     def _view(self, vm: Any) -> ProviderInstance:
         tags = dict(vm.tags or {})

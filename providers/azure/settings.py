@@ -30,6 +30,10 @@ class AzureOptions(DriverOptions):
     base_url: str | None = None
     # azure-core's own retries of 429/5xx before our typed error reaches the reconciler.
     sdk_retries: int = Field(3, ge=0)
+    # A proximity placement group every gang VM joins: its name (in `resource_group`)
+    # or its full resource id. The operator creates it (az ppg create); None = gangs
+    # are only kept in one zone.
+    proximity_placement_group: str | None = Field(None, min_length=1)
 
     @field_validator("subnet_id")
     @classmethod

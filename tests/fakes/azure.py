@@ -13,6 +13,9 @@ What it reproduces, as ARM does it:
   `deleteOption` is `Delete`; deleting a missing resource answers 204. A NIC still
   attached to a VM cannot be deleted (400 `NicInUse`). Pending deletions finish when
   polled or at the next VM listing (time passes in the cloud).
+- A VM's `proximityPlacementGroup.id` must name a group that exists
+  (`add_proximity_placement_group`; 404 `NotFound` otherwise) in the VM's location
+  (400 `InvalidParameter` otherwise); ids compare case-insensitively, as in ARM.
 - Requests without a bearer token answer 401; every call needs `api-version`.
 - Faults: `fail_create(code, ...)` arms a synchronous error (with `Retry-After` for 429)
   or a failed long-running operation for the next VM creates.
@@ -49,6 +52,8 @@ class AzureFault:
     leave_behind: bool = False
     retry_after: int | None = None
     times: int = 1
+    # Let this many creates through first (to fail the n-th VM of a gang).
+    after: int = 0
 
 
 @dataclass
@@ -69,6 +74,8 @@ class AzureArmFake(RestFake):
         self.disks: set[str] = set()
         self.custom_data: dict[str, str] = {}
         self.faults: list[AzureFault] = []
+        # lower-cased resource id -> {"location": ..., "members": set of VM names}
+        self.proximity_groups: dict[str, dict[str, Any]] = {}
         self.operation_polls = 1
         self._ops: dict[str, _Pending] = {}
         self._op_status: dict[str, dict[str, Any]] = {}
@@ -86,13 +93,22 @@ class AzureArmFake(RestFake):
         leave_behind: bool = False,
         retry_after: int | None = None,
         times: int = 1,
+        after: int = 0,
     ) -> None:
         self.faults.append(
-            AzureFault(code, message or f"{code} (fake)", status, sync, leave_behind, retry_after, times)
+            AzureFault(code, message or f"{code} (fake)", status, sync, leave_behind, retry_after, times, after)
         )
+
+    def add_proximity_placement_group(self, sub: str, rg: str, name: str, location: str) -> str:
+        """Create a proximity placement group (as `az ppg create` does); returns its id."""
+        ppg_id = f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/proximityPlacementGroups/{name}"
+        with self.lock:
+            self.proximity_groups[ppg_id.lower()] = {"location": location, "members": set()}
+        return ppg_id
 
     def reset(self) -> None:
         with self.lock:
+            self.proximity_groups.clear()
             self.vms.clear()
             self.nics.clear()
             self.disks.clear()
@@ -141,6 +157,16 @@ class AzureArmFake(RestFake):
         problem = self._validate_vm(body)
         if problem:
             return _error(400, "InvalidParameter", problem)
+        ppg_ref = props.get("proximityPlacementGroup", {}).get("id")
+        ppg = self.proximity_groups.get(str(ppg_ref).lower()) if ppg_ref else None
+        if ppg_ref and ppg is None:
+            return _not_found("proximityPlacementGroups", str(ppg_ref).rsplit("/", 1)[-1], rg)
+        if ppg is not None and ppg["location"] != body["location"]:
+            return _error(
+                400,
+                "InvalidParameter",
+                f"Proximity placement group {ppg_ref} is in {ppg['location']}, not {body['location']}.",
+            )
         fault = self._take_fault()
         if fault is not None and fault.sync:
             headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
@@ -163,6 +189,8 @@ class AzureArmFake(RestFake):
             },
         }
         self.vms[name] = vm
+        if ppg is not None:
+            ppg["members"].add(name)
         self.custom_data[name] = custom
         self.disks.add(f"{name}_OsDisk")
         error = None
@@ -306,6 +334,9 @@ class AzureArmFake(RestFake):
     def _take_fault(self) -> AzureFault | None:
         for fault in self.faults:
             if fault.times > 0:
+                if fault.after > 0:
+                    fault.after -= 1
+                    continue
                 fault.times -= 1
                 self.faults = [f for f in self.faults if f.times > 0]
                 return fault
