@@ -10,6 +10,14 @@
   job by name, if we crashed between `sbatch` and the record) and submits nothing.
 - `list` is one `squeue` of our user's jobs, filtered by the owner in the comment. A job
   still pending (waiting in Slurm's queue) past the boot timeout is cancelled there.
+- A gang (`request.nodes` = N > 1, or any request with a `gang` id) is ONE job:
+  `sbatch --nodes=N --ntasks-per-node=1 --gres=gpu:G` whose batch script starts one
+  `srun` step of N tasks, one agent per node, each with its own bootstrap file and
+  instance id (`<job name>-r<rank>`); Slurm starts all N or none. `list` surfaces the
+  job as N instances, and terminating any of them cancels the whole job (a gang is
+  never left half running). A gang wider than the partition (`sinfo`) is refused
+  with `InvalidRequest` before anything is submitted; `max_gang_nodes` tells the
+  planner the limit beforehand.
 - Without slurmdbd, finished jobs vanish from `squeue` after `MinJobAge`: a job Slurm
   no longer knows is finished.
 """
@@ -26,12 +34,13 @@ import re
 import shlex
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from providers.base import (
+    TAG_GANG,
     TAG_OWNER,
     TAG_POOL,
     TAG_REQUEST,
@@ -51,6 +60,8 @@ from providers.bootstrap import BootstrapError, parse_user_data
 from providers.slurm.settings import SlurmSettings
 
 TAG_INSTANCE = "autoscaler-instance"
+TAG_NODES = "autoscaler-nodes"
+_RANK = re.compile(r"(.+)-r(\d+)")
 _SQUEUE_FORMAT = "%i|%j|%T|%V|%N|%k"
 _STATUS = {
     "PENDING": InstanceStatus.PENDING,
@@ -104,6 +115,30 @@ while kill -0 "$agent_pid" 2>/dev/null; do wait "$agent_pid"; done
 wait "$agent_pid"
 """
 
+# A gang: the batch script runs one srun step of N tasks (one per node) and forwards
+# SIGTERM to it; srun passes it to every task. --kill-on-bad-exit: one rank's agent
+# dying ends the step, so a gang is never left half running.
+GANG_SCRIPT = """#!/bin/bash
+# Submitted by the GPU autoscaler: pool {pool}, request {request_id}, gang {gang}, {nodes} node(s).
+step_pid=""
+trap '[ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null' TERM INT
+srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {gres}bash {rank_script} &
+step_pid=$!
+while kill -0 "$step_pid" 2>/dev/null; do wait "$step_pid"; done
+wait "$step_pid"
+"""
+
+# One task of the step: rank $SLURM_PROCID runs its agent with its own bootstrap file.
+RANK_SCRIPT = """#!/bin/bash
+rank="${{SLURM_PROCID:?not in a Slurm step}}"
+agent_pid=""
+trap '[ -n "$agent_pid" ] && kill -TERM "$agent_pid" 2>/dev/null' TERM INT
+{command} --bootstrap "{state_dir}/{job_name}-r${{rank}}.agent.json" &
+agent_pid=$!
+while kill -0 "$agent_pid" 2>/dev/null; do wait "$agent_pid"; done
+wait "$agent_pid"
+"""
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -116,6 +151,9 @@ class JobRecord:
     owner: str
     instance_type: str
     submitted_at: str
+    # A gang job: its node count and gang id (records written before gangs have neither).
+    nodes: int = 1
+    gang: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,10 +170,10 @@ class SlurmProvider:
     """A pool backed by an existing Slurm cluster; see the module docstring."""
 
     name = "slurm"
-    capabilities = Capabilities()
 
     def __init__(self, settings: SlurmSettings, offerings: Sequence[Offering]) -> None:
         self.settings = settings
+        self.capabilities = Capabilities(max_gang_nodes=settings.max_gang_nodes)
         self._offerings = list(offerings)
         self._user = getpass.getuser()
         self._env = {**os.environ}
@@ -152,16 +190,27 @@ class SlurmProvider:
             bootstrap = parse_user_data(request.user_data)
         except BootstrapError as exc:
             raise InvalidRequest(f"Slurm launch {request.request_id}: {exc}", code="InvalidBootstrap") from None
+        if request.nodes < 1:
+            raise InvalidRequest(f"a launch needs at least one node, got nodes={request.nodes}")
         for d in (self.settings.state_dir, self.settings.log_dir, self.settings.work_dir):
             d.mkdir(parents=True, exist_ok=True)
+        gang = request.nodes > 1 or request.gang is not None
         # Index 0: the job name keeps the form it had when a request could ask for
         # several jobs, so jobs submitted before still match their request.
         instance_id = self.instance_id(request.request_id, 0)
         record = self._read_record(instance_id)
         if record is None:
             job = {j.name: j for j in self._squeue()}.get(instance_id)
-            job_id = job.job_id if job else self._submit(request, instance_id, bootstrap)
+            if job is not None:
+                job_id = job.job_id
+            elif gang:
+                self._check_gang_fits(request)
+                job_id = self._submit_gang(request, instance_id, bootstrap)
+            else:
+                job_id = self._submit(request, instance_id, bootstrap)
             record = self._write_record(request, instance_id, job_id)
+        if record.gang is not None or record.nodes > 1:
+            return self._rank_views(record, InstanceStatus.PENDING)
         return [self._record_view(record, InstanceStatus.PENDING)]
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:
@@ -184,19 +233,23 @@ class SlurmProvider:
                 # reconciler plan this demand elsewhere (another pool, a cloud).
                 self._scancel([job.job_id])
                 continue
-            out.append(
-                ProviderInstance(
-                    instance_id=job.name,
-                    request_id=job.comment.get(TAG_REQUEST),
-                    pool=job.comment.get(TAG_POOL),
-                    instance_type=record.instance_type if record else "",
-                    capacity_type="on_demand",
-                    zone=job.nodes or None,
-                    status=status,
-                    launched_at=submitted,
-                    tags={**job.comment, "slurm-job-id": job.job_id},
-                )
+            view = ProviderInstance(
+                instance_id=job.name,
+                request_id=job.comment.get(TAG_REQUEST),
+                pool=job.comment.get(TAG_POOL),
+                instance_type=record.instance_type if record else "",
+                capacity_type="on_demand",
+                zone=job.nodes or None,
+                status=status,
+                launched_at=submitted,
+                tags={**job.comment, "slurm-job-id": job.job_id},
             )
+            nodes = job.comment.get(TAG_NODES)
+            if nodes is None:
+                out.append(view)
+            else:
+                # A gang job is N instances, one per rank, all on the job's node list.
+                out.extend(replace(view, instance_id=f"{job.name}-r{r}") for r in range(int(nodes)))
         return out
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -207,6 +260,10 @@ class SlurmProvider:
         for instance_id in instance_ids:
             if instance_id in by_name:
                 job_ids.append(by_name[instance_id])
+            elif (m := _RANK.fullmatch(instance_id)) and m.group(1) in by_name:
+                # One rank of a gang: the whole job goes (never a half gang).
+                job_ids.append(by_name[m.group(1)])
+        job_ids = builtins.list(dict.fromkeys(job_ids))
         # scancel answers 0 for a job that is gone: already gone = success.
         if job_ids:
             self._scancel(job_ids)
@@ -232,6 +289,14 @@ class SlurmProvider:
                 pool=request.pool, request_id=request.request_id, instance_id=instance_id, command=command
             )
         )
+        argv = self._sbatch_argv(request, instance_id, nodes=1, extra_comment={})
+        argv.append(str(script))
+        return self._sbatch(argv)
+
+    def _sbatch_argv(
+        self, request: LaunchRequest, job_name: str, *, nodes: int, extra_comment: dict[str, str]
+    ) -> builtins.list[str]:
+        s = self.settings
         offering = request.offering
         comment = ";".join(
             f"{k}={v}"
@@ -239,19 +304,23 @@ class SlurmProvider:
                 TAG_OWNER: request.owner,
                 TAG_POOL: request.pool,
                 TAG_REQUEST: request.request_id,
-                TAG_INSTANCE: instance_id,
+                TAG_INSTANCE: job_name,
+                **extra_comment,
             }.items()
         )
         argv = [
             "sbatch",
             "--parsable",
-            f"--job-name={instance_id}",
+            f"--job-name={job_name}",
             f"--comment={comment}",
-            f"--output={s.log_dir / instance_id}-%j.log",
+            f"--output={s.log_dir / job_name}-%j.log",
             f"--chdir={s.work_dir}",
-            "--nodes=1",
-            "--ntasks=1",
+            f"--nodes={nodes}",
+            f"--ntasks={nodes}",
         ]
+        if nodes > 1:
+            argv.append("--ntasks-per-node=1")
+        # Per node: --gres and --mem are per node in Slurm, --cpus-per-task per rank.
         if offering.gpus:
             argv.append(f"--gres=gpu:{offering.gpus}")
         if offering.cpus:
@@ -266,12 +335,75 @@ class SlurmProvider:
         ):
             if value:
                 argv.append(f"--{flag}={value}")
-        argv += [*s.extra_sbatch_args, str(script)]
+        argv += list(s.extra_sbatch_args)
+        return argv
+
+    def _sbatch(self, argv: builtins.list[str]) -> str:
         out = self._run(argv, what="sbatch")
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise TransientError(f"sbatch printed no job id: {out.strip()[:200]!r}", code="NoJobId")
         return job_id
+
+    def _check_gang_fits(self, request: LaunchRequest) -> None:
+        """Refuse a gang wider than the partition: Slurm would queue it forever or refuse
+        it as a capacity problem, and neither says what is wrong."""
+        s = self.settings
+        if s.max_gang_nodes is not None and request.nodes > s.max_gang_nodes:
+            raise InvalidRequest(
+                f"Slurm pool {request.pool!r} takes gangs of at most {s.max_gang_nodes} node(s) "
+                f"(options.max_gang_nodes); this gang needs {request.nodes}",
+                code="GangTooWide",
+            )
+        out = self._run(["sinfo", "--noheader", "--format=%P|%D"], what="sinfo")
+        total = 0
+        name = s.partition
+        for line in out.splitlines():
+            part, _, count = line.strip().partition("|")
+            is_default = part.endswith("*")
+            if (name is None and is_default) or part.rstrip("*") == name:
+                with contextlib.suppress(ValueError):
+                    total += int(count)
+        if request.nodes > total:
+            where = f"partition {name!r}" if name else "the default partition"
+            raise InvalidRequest(
+                f"Slurm pool {request.pool!r}: {where} has {total} node(s), a gang of {request.nodes} "
+                f"nodes x {request.offering.gpus} GPU(s) cannot run there; use a wider partition "
+                "(options.partition) or a cloud pool for this gang",
+                code="GangTooWide",
+            )
+
+    def _submit_gang(self, request: LaunchRequest, job_name: str, bootstrap: dict[str, Any]) -> str:
+        """One sbatch for the whole gang (see the module docstring)."""
+        s = self.settings
+        n = request.nodes
+        for rank in range(n):
+            instance_id = f"{job_name}-r{rank}"
+            agent_file = s.state_dir / f"{instance_id}.agent.json"
+            fd = os.open(agent_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({**bootstrap, "instance_id": instance_id}, f, indent=2, sort_keys=True)
+        rank_script = s.state_dir / f"{job_name}.rank.sh"
+        rank_script.write_text(
+            RANK_SCRIPT.format(command=shlex.join(s.agent_command), state_dir=s.state_dir, job_name=job_name)
+        )
+        offering = request.offering
+        gres = f"--gres=gpu:{offering.gpus} " if offering.gpus else ""
+        script = s.state_dir / f"{job_name}.sbatch"
+        script.write_text(
+            GANG_SCRIPT.format(
+                pool=request.pool,
+                request_id=request.request_id,
+                gang=request.gang or request.request_id,
+                nodes=n,
+                gres=gres,
+                rank_script=shlex.quote(str(rank_script)),
+            )
+        )
+        extra = {TAG_NODES: str(n), TAG_GANG: request.gang or request.request_id}
+        argv = self._sbatch_argv(request, job_name, nodes=n, extra_comment=extra)
+        argv.append(str(script))
+        return self._sbatch(argv)
 
     def _squeue(self) -> builtins.list[QueuedJob]:
         out = self._run(["squeue", "--noheader", f"--user={self._user}", f"--format={_SQUEUE_FORMAT}"], what="squeue")
@@ -320,11 +452,18 @@ class SlurmProvider:
             owner=request.owner,
             instance_type=request.offering.instance_type,
             submitted_at=datetime.now(UTC).isoformat(),
+            nodes=request.nodes,
+            gang=request.gang if request.gang is not None else (request.request_id if request.nodes > 1 else None),
         )
         tmp = self._record_path(instance_id).with_suffix(".tmp")
         tmp.write_text(json.dumps(record.__dict__))
         tmp.replace(self._record_path(instance_id))
         return record
+
+    def _rank_views(self, record: JobRecord, status: InstanceStatus) -> builtins.list[ProviderInstance]:
+        one = self._record_view(record, status)
+        tags = {**one.tags, TAG_GANG: record.gang or record.request_id, TAG_NODES: str(record.nodes)}
+        return [replace(one, instance_id=f"{record.instance_id}-r{r}", tags=tags) for r in range(record.nodes)]
 
     def _record_view(self, record: JobRecord, status: InstanceStatus) -> ProviderInstance:
         return ProviderInstance(

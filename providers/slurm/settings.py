@@ -33,6 +33,10 @@ class SlurmOptions(DriverOptions):
     # A command line, as a list or one string split on whitespace.
     agent_command: tuple[str, ...] = Field(("python3", "-m", "autoscaler", "agent"), min_length=1)
     extra_sbatch_args: tuple[str, ...] = ()
+    # The most nodes one gang job may ask for (`sbatch --nodes`), told to the planner
+    # so it never sends a gang the partition cannot hold; None = no stated limit (a
+    # launch still asks `sinfo` and refuses a gang wider than the partition).
+    max_gang_nodes: int | None = Field(None, ge=1)
     name_prefix: str = "as"
 
     @field_validator("agent_command", mode="before")

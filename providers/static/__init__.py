@@ -5,6 +5,11 @@ register with the pool's join token; either way they count as capacity and the p
 fills them first (a static pool costs nothing to use). The reconciler never launches or
 terminates them, only drains their workers: `launch` is refused and `terminate` does
 nothing, so no code path can power off a machine someone else owns.
+
+Gangs: a multi-node task runs on the pool's machines that are already registered (the
+control plane leases its ranks onto them); a gang launch is refused like any launch,
+with the reason. With declared machines, `max_gang_nodes` is their count, so the
+planner knows a gang wider than the list can never run here.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ class StaticProvider:
     """The declared machines of one on-prem pool; see the module docstring."""
 
     name = "static"
-    capabilities = Capabilities(static=True)
 
     def __init__(self, settings: StaticSettings, offerings: Sequence[Offering], *, pool: str, owner: str) -> None:
         self.settings = settings
         self.machines = list(settings.machines)
+        # Machines may also join by token without being declared: then no stated limit.
+        self.capabilities = Capabilities(static=True, max_gang_nodes=len(self.machines) or None)
         self.pool = pool
         self.owner = owner
         self._offerings = list(offerings)
@@ -42,6 +48,17 @@ class StaticProvider:
         return list(self._offerings)
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        if request.nodes > 1:
+            fits = (
+                f"its {len(self.machines)} declared machine(s) cannot hold a gang of {request.nodes}"
+                if len(self.machines) < request.nodes
+                else f"a gang of {request.nodes} runs on {request.nodes} of its registered machines when they are idle"
+            )
+            raise InvalidRequest(
+                f"pool {self.pool!r} is static (on-prem) and launches no machines: {fits}",
+                scope=Scope.PROVIDER,
+                code="StaticPool",
+            )
         raise InvalidRequest(
             f"pool {self.pool!r} is static (on-prem): machines join with the pool's join token, "
             "they are never launched",

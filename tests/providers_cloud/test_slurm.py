@@ -1,5 +1,10 @@
 """The Slurm provider against a real single-node cluster (slurmctld, slurmd, munge).
 
+Gangs: the test cluster has ONE node (2 GPUs), so a 2-node gang can only be refused
+here; that refusal is tested, and the gang machinery (one job, an srun step, per-rank
+bootstrap files and instance ids, SIGTERM through srun, terminating a rank cancels the
+job) is tested with a 1-node gang. A 2-node run needs a cluster with two nodes.
+
 The job here runs a stand-in agent (a few lines of Python) so each behaviour is seen
 directly: what it received, and that scancel reached it as SIGTERM through the job
 script. The real agent runs in a Slurm job in tests/hybrid.
@@ -7,6 +12,7 @@ script. The real agent runs in a Slurm job in tests/hybrid.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import stat
@@ -18,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from providers.base import CapacityError, InstanceStatus, InvalidRequest, LaunchRequest, Offering
+from providers.base import TAG_GANG, CapacityError, InstanceStatus, InvalidRequest, LaunchRequest, Offering
 from providers.bootstrap import BootstrapSpec, render_user_data
 from providers.slurm import SlurmProvider, SlurmSettings
 from tests.fakes.slurm import SlurmCluster
@@ -181,3 +187,72 @@ def test_bad_bootstrap_and_options_are_one_line_errors(slurm: Any, tmp_path: Pat
         slurm().launch(LaunchRequest("no-bootstrap", "slurm-gpu", OWNER, ONE_GPU, user_data="not: cloud-init"))
     with pytest.raises(InvalidRequest, match=r"options.partiton: unknown option; did you mean 'partition'\?"):
         SlurmSettings.from_options({"partiton": "gpu"}, home=tmp_path, pool="p", boot_timeout_s=1)
+
+
+# ---- gangs ----------------------------------------------------------------------
+
+
+def gang(rid: str, nodes: int, gang_id: str = "g-slurm") -> LaunchRequest:
+    return dataclasses.replace(request(rid, ONE_GPU), nodes=nodes, gang=gang_id)
+
+
+def jobs(cluster: SlurmCluster) -> list[str]:
+    return cluster.run("squeue", "--noheader", "--format=%j").split()
+
+
+def test_a_gang_wider_than_the_partition_is_refused_before_sbatch(slurm: Any, slurm_cluster: SlurmCluster) -> None:
+    provider = slurm()
+    with pytest.raises(InvalidRequest, match=r"the default partition has 1 node\(s\), a gang of 2 nodes x 1 GPU"):
+        provider.launch(gang("wide-2", 2))
+    assert not any(n.startswith(provider.instance_id("wide-2", 0)) for n in jobs(slurm_cluster))
+    assert provider.list(OWNER) == []
+    with pytest.raises(InvalidRequest, match="partition 'debug' has 1 node"):
+        slurm(partition="debug").launch(gang("wide-2b", 2))
+
+
+def test_max_gang_nodes_is_the_capability_and_a_refusal(slurm: Any) -> None:
+    assert slurm().capabilities.max_gang_nodes is None
+    provider = slurm(max_gang_nodes=1)
+    assert provider.capabilities.max_gang_nodes == 1
+    with pytest.raises(InvalidRequest, match=r"at most 1 node\(s\) \(options.max_gang_nodes\); this gang needs 3"):
+        provider.launch(gang("wide-3", 3))
+
+
+def test_a_one_node_gang_is_one_job_with_an_srun_step(slurm: Any, slurm_cluster: SlurmCluster) -> None:
+    provider = slurm()
+    [inst] = provider.launch(gang("gang-1", 1))
+    job_name = provider.instance_id("gang-1", 0)
+    assert inst.instance_id == f"{job_name}-r0" and inst.request_id == "gang-1"
+    assert inst.tags[TAG_GANG] == "g-slurm"
+    shown = slurm_cluster.run("scontrol", "show", "job", inst.tags["slurm-job-id"])
+    assert f"JobName={job_name}" in shown and "NumNodes=1" in shown
+    assert "autoscaler-nodes=1;autoscaler-gang=g-slurm" in shown
+    started = slurm.out / f"{inst.instance_id}.started"
+    wait_until(started.exists, "the rank's agent to start in the srun step")
+    seen = json.loads(started.read_text())
+    assert seen["bootstrap"]["instance_id"] == inst.instance_id, "each rank has its own bootstrap"
+    assert seen["gpus"] is not None, "the step got the node's GPUs (--gres on srun)"
+    steps = slurm_cluster.run("squeue", "--steps", "--noheader", "--format=%i", f"--jobs={inst.tags['slurm-job-id']}")
+    assert f"{inst.tags['slurm-job-id']}.0" in steps.split(), "the agent runs in step 0, not in the batch shell"
+    [listed] = provider.list(OWNER)
+    assert (listed.instance_id, listed.status, listed.tags[TAG_GANG]) == (
+        inst.instance_id,
+        InstanceStatus.RUNNING,
+        "g-slurm",
+    )
+    # Idempotent: the same request again submits nothing.
+    assert [i.instance_id for i in provider.launch(gang("gang-1", 1))] == [inst.instance_id]
+    assert jobs(slurm_cluster).count(job_name) == 1
+    # Terminating a rank cancels the whole job; SIGTERM reaches the agent through srun.
+    provider.terminate([inst.instance_id])
+    wait_until((slurm.out / f"{inst.instance_id}.drained").exists, "the rank's agent to get SIGTERM")
+    wait_until(lambda: provider.list(OWNER) == [], "the gang job to end")
+    provider.terminate([inst.instance_id])  # already gone: success
+
+
+def test_gang_argv_asks_for_n_nodes_one_task_each(slurm: Any) -> None:
+    """What a 4-node gang would submit (the test cluster cannot run it): the sbatch
+    flags and the step's script."""
+    provider = slurm(max_gang_nodes=8)
+    argv = provider._sbatch_argv(gang("argv-4", 4), "as-job", nodes=4, extra_comment={})
+    assert {"--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--gres=gpu:1"} <= set(argv)

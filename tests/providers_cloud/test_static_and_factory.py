@@ -118,3 +118,16 @@ def test_static_machines_are_validated() -> None:
     settings = StaticSettings.from_options({"machines": ["a", {"name": "b", "gpus": 4}]})
     provider = StaticProvider(settings, [], pool="p", owner="o")
     assert [(m.name, m.gpus) for m in provider.machines] == [("a", 0), ("b", 4)]
+
+
+def test_a_static_pool_refuses_gang_launches_with_the_reason(tmp_path: Path) -> None:
+    config = parse_config(CONFIG, Path("hybrid.yaml"))
+    provider = build_provider(config.pools[0], deployment="hybrid", home=tmp_path)
+    assert provider.capabilities.max_gang_nodes == 2, "the declared machines bound a gang"
+    offering = provider.offerings()[0]
+    with pytest.raises(InvalidRequest, match=r"launches no machines: a gang of 2 runs on 2 of its registered"):
+        provider.launch(LaunchRequest("g", "onprem", "hybrid", offering, nodes=2, gang="g1"))
+    with pytest.raises(InvalidRequest, match=r"its 2 declared machine\(s\) cannot hold a gang of 3"):
+        provider.launch(LaunchRequest("g", "onprem", "hybrid", offering, nodes=3, gang="g1"))
+    undeclared = StaticProvider(StaticSettings.from_options({}), [], pool="p", owner="o")
+    assert undeclared.capabilities.max_gang_nodes is None, "machines that join by token: no stated limit"
