@@ -15,6 +15,7 @@ locals {
     "${local.ec2_arn}:fleet/*",
   ]
   launch_templates = "${local.ec2_arn}:launch-template/*"
+  placement_groups = "${local.ec2_arn}:placement-group/*"
 
   control_plane_policy = {
     Version = "2012-10-17"
@@ -34,6 +35,8 @@ locals {
         Action = ["ec2:RunInstances", "ec2:CreateFleet"]
         Resource = concat(
           ["${local.arn_prefix}:ec2:${local.region}::image/*", "${local.ec2_arn}:launch-template/*"],
+          # A gang launches into a cluster placement group (pool option placement_group).
+          [local.placement_groups],
           [for s in local.agent_subnet_ids : "${local.ec2_arn}:subnet/${s}"],
           [aws_security_group.agent.arn],
         )
@@ -44,8 +47,8 @@ locals {
         Sid       = "TagOnlyAtLaunch"
         Effect    = "Allow"
         Action    = "ec2:CreateTags"
-        Resource  = concat(local.launched_resources, [local.launch_templates])
-        Condition = { StringEquals = { "ec2:CreateAction" = ["RunInstances", "CreateFleet", "CreateLaunchTemplate"] } }
+        Resource  = concat(local.launched_resources, [local.launch_templates, local.placement_groups])
+        Condition = { StringEquals = { "ec2:CreateAction" = ["RunInstances", "CreateFleet", "CreateLaunchTemplate", "CreatePlacementGroup"] } }
       },
       {
         Sid       = "TerminateOnlyOwnerTagged"
@@ -67,6 +70,7 @@ locals {
           "ec2:DescribeImages",
           "ec2:DescribeSubnets",
           "ec2:DescribeAvailabilityZones",
+          "ec2:DescribePlacementGroups",
         ]
         Resource = "*"
       },
@@ -99,6 +103,22 @@ locals {
         Effect    = "Allow"
         Action    = "ec2:DeleteLaunchTemplate"
         Resource  = local.launch_templates
+        Condition = { StringEquals = { "ec2:ResourceTag/${local.owner_tag_key}" = local.name } }
+      },
+      {
+        # placement_group {strategy: cluster}: one cluster placement group per gang,
+        # created tagged with this deployment and deleted once the gang is gone.
+        Sid       = "PlacementGroupsOnlyOwnerTagged"
+        Effect    = "Allow"
+        Action    = "ec2:CreatePlacementGroup"
+        Resource  = local.placement_groups
+        Condition = { StringEquals = local.owner_filter }
+      },
+      {
+        Sid       = "DeleteOwnPlacementGroups"
+        Effect    = "Allow"
+        Action    = "ec2:DeletePlacementGroup"
+        Resource  = local.placement_groups
         Condition = { StringEquals = { "ec2:ResourceTag/${local.owner_tag_key}" = local.name } }
       },
       {
