@@ -371,6 +371,15 @@ class AwsProvider:
                     self._call(self.ec2.delete_placement_group, GroupName=group)
             raise
         out = [self._view(i, fallback_capacity=o.capacity_type) for i in resp.get("Instances", [])]
+        if self._already_gone([i.instance_id for i in out]):
+            # EC2 answers a repeated ClientToken with the first call's response, even when
+            # those instances were terminated since: that is not a gang.
+            raise CapacityError(
+                f"gang {request.gang or request.request_id}: request {request.request_id} was launched "
+                "before and its instances are gone (EC2 replays a ClientToken's first answer); "
+                "launch the gang under a new request id",
+                code="ReplayedGang",
+            )
         if len(out) != n:
             # MinCount makes EC2 all or nothing; this guards against an API that is not.
             self.terminate([i.instance_id for i in out])
@@ -380,6 +389,17 @@ class AwsProvider:
                 code="PartialGang",
             )
         return out
+
+    def _already_gone(self, instance_ids: builtins.list[str]) -> bool:
+        """Whether any of these just-returned instances is already terminated."""
+        if not instance_ids:
+            return False
+        try:
+            resp = self._call(self.ec2.describe_instances, InstanceIds=instance_ids)
+        except NotFound:
+            return False  # not visible yet: new instances, eventual consistency
+        states = [i.get("State", {}).get("Name") for r in resp.get("Reservations", []) for i in r.get("Instances", [])]
+        return any(state in ("shutting-down", "terminated") for state in states)
 
     def _placement_group_for(self, request: LaunchRequest) -> tuple[str | None, bool]:
         """(group name, whether this call created it) for a gang launch."""

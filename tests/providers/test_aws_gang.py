@@ -113,6 +113,17 @@ def test_a_partial_gang_found_on_retry_is_terminated(moto_ec2: MotoEC2, owner: s
     assert aws.list(owner) == [], "never a half gang billing"
 
 
+def test_a_replayed_client_token_is_not_taken_for_a_gang(moto_ec2: MotoEC2, owner: str) -> None:
+    """EC2 answers a repeated ClientToken with the first response, dead instances and all."""
+    aws = make(moto_ec2)
+    gang = aws.launch(gang_req("req-replay", 2))
+    moto_ec2.client().terminate_instances(InstanceIds=[i.instance_id for i in gang])
+    with pytest.raises(CapacityError, match="launch the gang under a new request id") as err:
+        aws.launch(gang_req("req-replay", 2))
+    assert err.value.code == "ReplayedGang"
+    assert aws.list(owner) == []
+
+
 def test_a_named_group_is_used_and_never_deleted(moto_ec2: MotoEC2, owner: str) -> None:
     moto_ec2.client().create_placement_group(
         GroupName=f"ops-{owner}",
