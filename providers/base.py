@@ -87,7 +87,9 @@ class LaunchRequest:
     planner retries the whole gang elsewhere; a half gang is never left billing. Every
     returned `ProviderInstance` carries `request_id` and the tag `autoscaler-gang`
     (`TAG_GANG`) with the gang id. `launch` stays idempotent per `request_id`: a retry
-    after a crash finds the N instances, or finishes or cleans a partial set. Where the
+    after a crash finds the N instances, or finishes or cleans a partial set. After a
+    gang launch raised, a new attempt takes a new `request_id`: the clouds' idempotency
+    keys (EC2 ClientToken, GCP requestId) replay the first attempt. Where the
     cloud has one, the pool's placement option (AWS cluster placement group, GCP compact
     placement policy, Azure proximity placement group) puts the N machines close
     together. A driver that cannot launch `nodes` machines at all raises
