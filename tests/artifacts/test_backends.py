@@ -38,9 +38,9 @@ def test_azure_without_an_account_says_what_to_set(tmp_path: Path, monkeypatch: 
 
 
 def test_azure_takes_its_key_from_the_environment_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, azurite: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", request.getfixturevalue("azurite"))
     store = open_store(config(store="azure", bucket="opened", prefix="p"), tmp_path)
     assert isinstance(store, AzureBlobStore)
     store.service.create_container("opened")
@@ -48,13 +48,16 @@ def test_azure_takes_its_key_from_the_environment_only(
     assert b"".join(store.get("k")) == b"v" and store.container.get_blob_client("p/k").exists()
 
 
-def test_gcs_opens_on_the_named_endpoint(tmp_path: Path, gcs_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gcs_opens_on_the_named_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("gcs_url")
     # Anonymous on the emulator: google-auth finds no credentials here, and must not look for long.
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "autoscaler-test")
     from google.auth.credentials import AnonymousCredentials
 
     monkeypatch.setattr("google.auth.default", lambda *a, **k: (AnonymousCredentials(), "autoscaler-test"))
-    store = open_store(config(store="gcs", bucket="opened", endpoint_url=gcs_url), tmp_path)
+    store = open_store(config(store="gcs", bucket="opened", endpoint_url=url), tmp_path)
     assert isinstance(store, GCSStore)
     store.client.create_bucket("opened")
     store.put("k", [b"v"])
