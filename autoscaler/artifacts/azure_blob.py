@@ -3,7 +3,7 @@
 Writes stream as a block blob: each 8 MiB block is staged as it arrives (nothing
 larger is held in memory) and the block list is committed only at the end, so a
 failed or oversized write commits nothing and the old blob stays (Azure discards
-uncommitted blocks after a week). Every request is retried by azure-core's
+uncommitted blocks after a week). Every request is retried by the SDK's
 exponential retry policy (5 tries). Reads stream the blob in chunks.
 
 Workers download code and checkpoints on SAS URLs: read permission on that one blob,

@@ -18,6 +18,7 @@ from autoscaler.artifacts.azure_blob import BLOCK_SIZE, AzureBlobStore
 from autoscaler.artifacts.gcs import CHUNK, GCSStore
 from autoscaler.artifacts.s3 import PART
 from autoscaler.artifacts.store import ArtifactStore, LocalStore, ObjectMissing, StoreError, TooLarge
+from tests.fakes.flaky_proxy import flaky_proxy
 from tests.fakes.stores import STORES, azurite, gcs_url, moto_s3, open_test_store  # noqa: F401 - fixtures
 
 # Every cloud store cuts a large write into parts of the same size (S3 parts, GCS
@@ -151,3 +152,47 @@ def test_gcs_without_a_signing_credential_falls_back_to_the_relay(gcs: GCSStore)
     """Anonymous credentials cannot sign: no URL, so the server relays (never a credential)."""
     relayed = GCSStore(gcs.bucket_name, prefix="arts", client=gcs.client)
     assert relayed.presigned_get("k/one", 60) is None
+
+
+def _through(direct: ArtifactStore, url: str, request: pytest.FixtureRequest) -> ArtifactStore:
+    """The same bucket (container) as `direct`, reached through the proxy at `url`."""
+    if isinstance(direct, GCSStore):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        options = {"api_endpoint": url}
+        client = storage.Client(project="autoscaler-test", credentials=AnonymousCredentials(), client_options=options)
+        return GCSStore(direct.bucket_name, prefix="arts", client=client)
+    assert isinstance(direct, AzureBlobStore)
+    from azure.storage.blob import BlobServiceClient, LinearRetry
+
+    conn = request.getfixturevalue("azurite")
+    endpoint = next(p for p in conn.split(";") if p.startswith("BlobEndpoint="))
+    account = endpoint.rsplit("/", 1)[1]
+    # The SDK's own retry, with a short backoff (the default policy waits 15 s or more per retry).
+    fast = LinearRetry(backoff=0.2, random_jitter_range=0.1, retry_total=5)
+    service = BlobServiceClient.from_connection_string(
+        conn.replace(endpoint, f"BlobEndpoint={url}/{account}"), retry_policy=fast
+    )
+    return AzureBlobStore(direct.container_name, prefix="arts", service=service)
+
+
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_writes_and_reads_survive_a_store_that_fails_every_third_request(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    direct = open_test_store(request, kind, tmp_path)
+    if isinstance(direct, GCSStore):
+        upstream = request.getfixturevalue("gcs_url")
+    else:
+        assert isinstance(direct, AzureBlobStore)
+        upstream = direct.service.url.rstrip("/").rsplit("/", 1)[0]
+    data = os.urandom(2 * PART + 17)
+    with flaky_proxy(upstream, every=3) as (url, proxy):
+        store = _through(direct, url, request)
+        w = store.put("k/flaky", blocks(data))
+        assert b"".join(store.get("k/flaky")) == data
+        assert store.exists("k/flaky")
+    assert w.digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert b"".join(direct.get("k/flaky")) == data  # what was stored, read without the proxy
+    assert len(proxy.failed) >= 2, proxy.failed  # the client met failures and retried them
