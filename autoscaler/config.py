@@ -243,14 +243,22 @@ class ServerConfig(_Strict):
 class ArtifactsConfig(_Strict):
     """Where code snapshots, task outputs and checkpoints are kept (docs/artifacts.md)."""
 
-    store: Literal["local", "s3"] = Field(
-        "local", description="local: a directory on the server (HOME/artifacts); s3: a bucket (boto3)."
+    store: Literal["local", "s3", "gcs", "azure"] = Field(
+        "local",
+        description="local: a directory on the server (HOME/artifacts); s3: a bucket (boto3); gcs: a bucket "
+        "(google-cloud-storage); azure: a blob container (azure-storage-blob).",
     )
     path: str = Field("artifacts", description="The local store's directory; a relative path is relative to HOME.")
-    bucket: str | None = Field(None, description="s3: the bucket.")
-    prefix: str = Field("", description="s3: a key prefix inside the bucket.")
+    bucket: str | None = Field(None, description="s3, gcs: the bucket; azure: the blob container.")
+    prefix: str = Field("", description="s3, gcs, azure: a key prefix inside the bucket or container.")
     region: str | None = Field(None, description="s3: the bucket's region; default boto3's.")
-    endpoint_url: str | None = Field(None, description="s3: another S3-compatible endpoint (MinIO, moto).")
+    project: str | None = Field(None, description="gcs: the project; default the credentials' own.")
+    endpoint_url: str | None = Field(
+        None,
+        description="s3: another S3-compatible endpoint (MinIO, moto); gcs: another endpoint (an emulator); "
+        "azure: the account's blob URL (https://ACCOUNT.blob.core.windows.net), used with the server's Entra ID "
+        "identity unless AZURE_STORAGE_CONNECTION_STRING is set in its environment.",
+    )
     retention_days: float = Field(
         30, gt=0, description="Artifacts and snapshots older than this are deleted (snapshots a live task uses stay)."
     )

@@ -55,6 +55,17 @@ ENGINE_ENV = frozenset(
 )
 ENGINE_ENV_PREFIXES = ("CONTAINERS_", "DOCKER_", "REGISTRY_AUTH", "BUILDAH_", "PODMAN_")
 PULL_TAIL_CHARS = 8 * 1024
+# A task with a setup runs it inside its container before the command, through this
+# wrapper (`sh -c WRAPPER autoscaler-setup SETUP CMD...`): one container, so what the
+# setup installs is there for the command. A failing setup leaves its exit code in
+# SETUP_FAILED_FILE in the task directory, so the agent can tell it from the command's.
+SETUP_FAILED_FILE = ".autoscaler-setup-failed"
+SETUP_WRAPPER = (
+    'setup=$1; shift; printf "[autoscaler agent: setup: %s]\\n" "$setup" >&2; '
+    '/bin/sh -c "$setup"; status=$?; '
+    f'if [ "$status" -ne 0 ]; then echo "$status" > {TASK_DIR}/{SETUP_FAILED_FILE}; exit "$status"; fi; '
+    'exec "$@"'
+)
 OWNER_LABEL = "autoscaler.work_dir"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _HTTP_AUTH = re.compile(r"\b(401|403)\b")
@@ -125,6 +136,12 @@ def detect_engine(
         if path:
             return Engine(kind=kind, path=path, cdi=nvidia_cdi_present(cdi_dirs))
     return None
+
+
+def with_setup(setup: str, command: Sequence[str]) -> list[str]:
+    """The container's command line: the setup in the image's /bin/sh, then `exec` of the
+    command (so the command, not a shell, is what the engine's init signals)."""
+    return ["/bin/sh", "-c", SETUP_WRAPPER, "autoscaler-setup", setup, *command]
 
 
 def container_name(task_id: str, attempt: int) -> str:
@@ -447,8 +464,10 @@ class ContainerAttempt:
         settings: ContainerSettings,
         now: float,
         sink: Callable[[str], None],
+        setup: str | None = None,
     ) -> ContainerAttempt:
-        """Check what can be checked before pulling, then start the pull."""
+        """Check what can be checked before pulling, then start the pull. With `setup`,
+        the container runs it before the command (`with_setup`)."""
         assert task.image
         engine = settings.engine or detect_engine()
         if engine is None:
@@ -471,7 +490,7 @@ class ContainerAttempt:
             task_id=task.id,
             attempt=task.attempts,
             image=task.image,
-            command=list(task.command),
+            command=with_setup(setup, task.command) if setup else list(task.command),
             host_dir=host_dir,
             env=dict(task.env),
             secret_names=sorted(secrets),

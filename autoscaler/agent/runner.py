@@ -14,7 +14,10 @@ A task with an `image` runs in a container (autoscaler.agent.container): its ima
 is pulled first, then the engine CLI is the process watched here, and signals go to
 the container by name instead of to the CLI's process group. A task that carries
 code, a setup, outputs or a checkpoint (autoscaler.agent.carry) runs in phases:
-prepare, setup, run, save.
+prepare, setup, run, save. Both at once: the files are prepared on the host while
+the image is pulled, the setup runs inside the container before the command (one
+container, so what the setup installs is there for the command), and the files are
+saved from the host after the container exits.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from autoscaler.agent import carry
-from autoscaler.agent.container import ContainerAttempt, ContainerError, ContainerSettings
+from autoscaler.agent.container import SETUP_FAILED_FILE, ContainerAttempt, ContainerError, ContainerSettings
 from autoscaler.agent.decisions import StopRequest, gpu_env
 from autoscaler.agent.task_user import TaskUser, kill_uid
 from autoscaler.agent.wire import LeasedTask, LogChunk
@@ -135,6 +138,7 @@ class TaskProcess:
         user: TaskUser | None = None,
         launch: _Launch | None = None,
         box: ContainerAttempt | None = None,
+        server_url: str = "",
     ) -> None:
         self.task = task
         self.user = user
@@ -152,6 +156,8 @@ class TaskProcess:
         # start failure, reported as `start_failed`.
         self.failure: str | None = None
         self._launch = launch
+        # Where carried files move to and from (the lease reply's URLs are relative to it).
+        self.server_url = launch.server_url if launch is not None else server_url
         self._exit: int | None = None
         self._bg: threading.Thread | None = None
         self._next_checkpoint: float | None = None
@@ -181,7 +187,9 @@ class TaskProcess:
         containers: ContainerSettings | None = None,
     ) -> TaskProcess:
         if task.image:
-            return cls._start_container(task, base_env, work_root, now, user, containers or ContainerSettings())
+            return cls._start_container(
+                task, base_env, work_root, now, user, containers or ContainerSettings(), server_url
+            )
         env = {**base_env, **task.env, **task.secret_env, **gpu_env(task.gpu_indices)}
         env["AUTOSCALER_TASK_ID"] = task.id
         env["AUTOSCALER_TASK_ATTEMPT"] = str(task.attempts)
@@ -218,16 +226,36 @@ class TaskProcess:
         now: float,
         user: TaskUser | None,
         settings: ContainerSettings,
+        server_url: str = "",
     ) -> TaskProcess:
-        """A container task starts with its image pull; `poll` starts the container after it."""
+        """A container task starts with its image pull; `poll` starts the container after it.
+
+        Carried files are fetched into the task directory on the host while the image is
+        pulled (the directory is what the container mounts), the setup runs inside the
+        container before the command, and outputs and checkpoints are stored from the
+        host once the container has exited."""
         cwd, scratch = _task_dir(task, work_root, user)
-        tp = cls(task, None, now, scratch, user)
+        tp = cls(task, None, now, scratch, user, server_url=server_url)
+        carrying = scratch is not None and carries_files(task)
         try:
-            tp.box = ContainerAttempt.begin(task, base_env, work_root, cwd, user, settings, now, tp.output.add_stderr)
+            tp.box = ContainerAttempt.begin(
+                task,
+                base_env,
+                work_root,
+                cwd,
+                user,
+                settings,
+                now,
+                tp.output.add_stderr,
+                setup=task.setup if carrying else None,
+            )
         except ContainerError as exc:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
             raise StartFailed(str(exc)) from None
+        tp.phase = "prepare" if carrying else "run"
+        if carrying:
+            tp._background(tp._prepare)
         return tp
 
     @property
@@ -292,10 +320,71 @@ class TaskProcess:
         return None
 
     def _poll_container(self, now: float) -> int | None:
-        """A container task: its pull, then its container (signalled through the engine)."""
+        """A container task: its files fetched while its image is pulled, then its
+        container (signalled through the engine), then its files stored."""
         assert self.box is not None
+        if self.phase == "save":
+            if self._bg is not None and self._bg.is_alive():
+                return None
+            self.phase = "done"
+        if self.phase == "done":
+            return self._exit
+        if self.phase == "prepare":
+            if self._bg is not None and self._bg.is_alive():
+                if self.stop is not None:
+                    self.box.abort()  # the pull goes now; the download ends on its own
+                return None
+            if self.failure is not None or self.stop is not None:
+                self.box.abort()
+                self.phase, self._exit = "done", -signal.SIGTERM if self.stop is not None else 1
+                return self._exit
+            self.phase = "run"
         if self.proc is None:
-            return self._poll_pull(now)
+            code = self._poll_pull(now)
+            if self.proc is not None and self.task.checkpoint_every_s and self.scratch is not None:
+                self._next_checkpoint = now + self.task.checkpoint_every_s
+            return code
+        code = self._poll_running_container(now)
+        if code is None:
+            if self.scratch is not None and carries_files(self.task):
+                self._checkpoint_if_due(now)
+            return None
+        if self.scratch is None or not carries_files(self.task):
+            return code
+        for t in self._readers:
+            t.join(timeout=2)  # the container's last output comes before the agent's notes
+        if self.task.setup and self.stop is None:
+            failed = self._setup_failed()
+            if failed is not None:
+                # The command never ran: like a failing setup on the host, nothing to store.
+                self.failure = f"setup {_short(self.task.setup)} failed ({_how(failed)}); the command did not run"
+                self.phase, self._exit = "done", code
+                return code
+        self._exit = code
+        self.phase = "save"
+        if self._bg is not None:
+            self._bg.join()  # a periodic checkpoint still uploading: the final one follows it
+        self._background(self._save)
+        return None
+
+    def _setup_failed(self) -> int | None:
+        """The setup's exit code, if it failed inside the container (the wrapper wrote it)."""
+        assert self.scratch is not None
+        marker = self.scratch / SETUP_FAILED_FILE
+        try:
+            # Written by the task's own user: it can only claim its own setup failed.
+            text = marker.read_text()[:16]
+        except OSError:
+            return None
+        with contextlib.suppress(OSError):
+            marker.unlink()
+        try:
+            return int(text.strip())
+        except ValueError:
+            return 1
+
+    def _poll_running_container(self, now: float) -> int | None:
+        assert self.box is not None and self.proc is not None
         self.box.tick()
         code = self.proc.poll()
         if code is None and self.kill_after is not None and now >= self.kill_after and not self.killed:
@@ -363,19 +452,21 @@ class TaskProcess:
         self.output.add("stderr", f"[autoscaler agent: {line}]\n")
 
     def _prepare(self) -> None:
-        assert self.scratch is not None and self._launch is not None
+        assert self.scratch is not None
         try:
-            carry.fetch_code(self._launch.server_url, self.task, self.scratch, self.user, self._note)
-            carry.restore_checkpoint(self._launch.server_url, self.task, self.scratch, self.user, self._note)
+            carry.fetch_code(self.server_url, self.task, self.scratch, self.user, self._note)
+            carry.restore_checkpoint(self.server_url, self.task, self.scratch, self.user, self._note)
+            # Only a setup failing in this attempt's container may leave this file.
+            (self.scratch / SETUP_FAILED_FILE).unlink(missing_ok=True)
         except (carry.CarryFailed, OSError, ValueError) as exc:
             self.failure = f"cannot prepare the task's files: {exc}"
             self._note(self.failure)
 
     def _save(self) -> None:
-        assert self.scratch is not None and self._launch is not None
+        assert self.scratch is not None
         try:
-            carry.save_outputs(self._launch.server_url, self.task, self.scratch, self._note)
-            carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+            carry.save_outputs(self.server_url, self.task, self.scratch, self._note)
+            carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note)
         except (carry.CarryFailed, OSError, ValueError) as exc:
             self._note(f"files not saved: {exc}")
 
@@ -387,9 +478,9 @@ class TaskProcess:
         self._next_checkpoint = now + (self.task.checkpoint_every_s or 0)
 
         def periodic() -> None:
-            assert self.scratch is not None and self._launch is not None
+            assert self.scratch is not None
             try:
-                carry.save_checkpoint(self._launch.server_url, self.task, self.scratch, self._note)
+                carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note)
             except (carry.CarryFailed, OSError, ValueError) as exc:
                 # A file changing under the packer, a store away: the next period tries again.
                 self._note(f"periodic checkpoint not saved: {exc}")

@@ -13,6 +13,7 @@ from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, print_j
 from autoscaler.errors import InvalidInput
 from autoscaler.sdk import Client
 from autoscaler.sdk.remote import git_code, snapshot_code
+from autoscaler.workload.snapshot import git_prefix
 
 DEFAULT_CODE_LIMIT = 512 * 1024 * 1024
 
@@ -51,6 +52,14 @@ def carry_fields(
         + " (untracked files are not sent; --no-git packs the directory instead)",
         err=True,
     )
+    prefix = git_prefix(root)
+    if prefix:
+        # The clone's top is the task directory: a command written for DIR would not find its files.
+        typer.echo(
+            f"code: the task runs at the top of the clone, where {root} is {prefix.rstrip('/')}/: "
+            "name paths from the top in the command (or --no-git to send only this directory)",
+            err=True,
+        )
     return {"code": checkout.to_json()}
 
 

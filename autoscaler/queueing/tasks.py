@@ -188,16 +188,9 @@ def enqueue(
     checkpoint_dir = validate_task_path("checkpoint_dir", spec.checkpoint_dir) if spec.checkpoint_dir else None
     if spec.checkpoint_every_s is not None and checkpoint_dir is None:
         raise InvalidInput("checkpoint_every_s needs a checkpoint_dir (--checkpoint-dir) to upload")
-    if (code or outputs or checkpoint_dir) and spec.working_dir:
+    if (code or spec.setup or outputs or checkpoint_dir) and spec.working_dir:
         raise InvalidInput(
-            "code, outputs and checkpoint_dir live in the task's own directory; drop working_dir to use them"
-        )
-    if spec.image and (code or spec.setup or outputs or checkpoint_dir):
-        # The agent runs carried files in phases on the machine, and an image in one
-        # container attempt; the two are not combined yet (docs/artifacts.md).
-        raise InvalidInput(
-            "image cannot be combined with code, setup, outputs or checkpoint_dir yet: bake the code into "
-            "the image, or drop --image to run the carried code on the worker itself"
+            "code, setup, outputs and checkpoint_dir work in the task's own directory; drop working_dir to use them"
         )
     task_id = new_id()
     task = Task(

@@ -26,7 +26,7 @@ from autoscaler.errors import AutoscalerError
 from autoscaler.sdk.client import Client
 from autoscaler.sdk.errors import NotAScript, SdkError
 from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode, TaskInfo
-from autoscaler.workload.snapshot import PackedSnapshot, git_state, pack_directory
+from autoscaler.workload.snapshot import PackedSnapshot, git_prefix, git_state, pack_directory
 
 # Set by the agent in every task's environment (agent/runner.py).
 TASK_ID_ENV = "AUTOSCALER_TASK_ID"
@@ -122,6 +122,21 @@ def code_source(
     raise SdkError(f"code={mode!r}: give 'path', 'snapshot' or 'git'")
 
 
+def in_clone(entry: Entry, prefix: str) -> list[str]:
+    """The command's arguments for a worker that runs in a clone of the checkout: the
+    clone's top is its directory, so a script in a subdirectory is named by its path
+    from the top (`python jobs/train.py`; the script's own directory is still first on
+    sys.path, but relative file names resolve from the top)."""
+    if not prefix:
+        return list(entry.args)
+    if entry.args[0] == "-m":
+        raise SdkError(
+            f"code='git' with `python -m` runs the module from the checkout's top directory, and this one was "
+            f"started in {prefix.rstrip('/')} inside it: start it from the top, or use code='snapshot'"
+        )
+    return [prefix + entry.args[0], *entry.args[1:]]
+
+
 def ended_how(info: TaskInfo) -> str:
     """One line on how a task that did not succeed ended, from its last history entry."""
     last = info.events[-1] if info.events else None
@@ -174,9 +189,10 @@ def run_remotely(
     try:
         entry = entry_point()
         working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes, team)
+        args = entry.args if code != "git" else in_clone(entry, git_prefix(entry.root))
         interpreter = python or (sys.executable if code == "path" else "python3")
         task = api.submit(
-            [interpreter, *entry.args],
+            [interpreter, *args],
             queue=queue,
             gpus=gpus,
             gpu_type=gpu_type,

@@ -151,3 +151,10 @@ def git_state(root: Path) -> GitState | None:
         return None
     diff = _git(root, "diff", "HEAD", "--binary") or b""
     return GitState(url=url.decode().strip(), commit=commit.decode().strip(), diff=diff)
+
+
+def git_prefix(root: Path) -> str:
+    """Where `root` is inside its checkout, as a relative path ending in "/" ("" at the
+    top): a clone on a worker has the top at its root, so paths must be made relative to it."""
+    out = _git(root, "rev-parse", "--show-prefix")
+    return out.decode().strip() if out else ""

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 IMAGE_MARKER = "built-by-the-autoscaler-tests"
-BUSYBOX_LINKS = ("sh", "sleep", "echo", "cat", "env", "id", "ls", "pwd", "true", "false")
+BUSYBOX_LINKS = ("sh", "sleep", "echo", "cat", "env", "id", "ls", "pwd", "true", "false", "mkdir", "mv", "stat")
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def oci_setup(root: Path) -> Iterator[Oci]:
             time.sleep(0.1)
         rootfs = root / "rootfs"
         (rootfs / "bin").mkdir(parents=True)
-        (rootfs / "tmp").mkdir(mode=0o1777)
+        (rootfs / "tmp").mkdir()
+        (rootfs / "tmp").chmod(0o1777)  # after mkdir: the umask would drop the write bits
         shutil.copy2("/bin/busybox", rootfs / "bin" / "busybox")
         for name in BUSYBOX_LINKS:
             (rootfs / "bin" / name).symlink_to("busybox")

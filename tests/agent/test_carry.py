@@ -16,28 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autoscaler.artifacts.store import LocalStore
+from autoscaler.artifacts.records import snapshot_key
 from autoscaler.workload.snapshot import pack_directory
 from tests.agent.conftest import PY, AgentHarness, wait_for
 from tests.conftest import issue_token
 from tests.fakes.metadata import FakeMetadata
-from tests.fakes.s3 import moto_s3_server, s3_store
+from tests.fakes.stores import STORES, azurite, gcs_url, moto_s3, open_test_store  # noqa: F401 - fixtures
 
 
-@pytest.fixture(scope="module")
-def moto_s3() -> Iterator[str]:
-    with moto_s3_server() as url:
-        yield url
-
-
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=STORES)
 def carry(request: pytest.FixtureRequest, harness: AgentHarness, tmp_path: Path) -> Iterator[AgentHarness]:
-    """The harness with an artifact store: the local one, or a bucket on moto's S3 server
-    (workers then download straight from S3 on presigned URLs)."""
-    if request.param == "local":
-        harness.ctx.artifacts = LocalStore(tmp_path / "store")
-    else:
-        harness.ctx.artifacts = s3_store(request.getfixturevalue("moto_s3"))
+    """The harness with an artifact store: the local one, or a bucket on moto's S3, the
+    GCS emulator or Azurite (workers then download straight from the bucket on signed URLs)."""
+    harness.ctx.artifacts = open_test_store(request, request.param, tmp_path)
     yield harness
 
 
@@ -135,13 +126,9 @@ def test_a_snapshot_changed_in_the_store_fails_the_integrity_check(carry: AgentH
     (src / "main.py").write_text("print('must not run')\n")
     digest = upload_dir(carry, src)
     store = carry.ctx.artifacts
-    if isinstance(store, LocalStore):
-        (stored,) = [p for p in (store.root / "snapshots").rglob("*") if p.is_file()]
-        stored.write_bytes(stored.read_bytes() + b"tampered")
-    else:  # the object changed in the bucket behind the server's back
-        (obj,) = store.s3.list_objects_v2(Bucket=store.bucket, Prefix=store.prefix + "snapshots/")["Contents"]
-        body = store.s3.get_object(Bucket=store.bucket, Key=obj["Key"])["Body"].read()
-        store.s3.put_object(Bucket=store.bucket, Key=obj["Key"], Body=body + b"tampered")
+    assert store is not None
+    key = snapshot_key("vision", digest)  # the object changes in the store behind the server's back
+    store.put(key, [b"".join(store.get(key)) + b"tampered"])
     task = carry.enqueue([PY, "main.py"], code={"snapshot": digest}, max_attempts=1)
     carry.start_agent()
     done = carry.wait_state(task, "failed")

@@ -8,11 +8,15 @@ from __future__ import annotations
 import base64
 import json
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from autoscaler.agent.container import (
+    SETUP_FAILED_FILE,
+    SETUP_WRAPPER,
+    TASK_DIR,
     ContainerError,
     Engine,
     Identity,
@@ -29,6 +33,7 @@ from autoscaler.agent.container import (
     pull_failure,
     registry_host,
     run_argv,
+    with_setup,
     write_authfile,
 )
 
@@ -229,3 +234,41 @@ def test_engine_detection_prefers_podman_then_docker(tmp_path: Path) -> None:
     found["podman"] = "/usr/bin/podman"
     assert detect_engine(found.get, [tmp_path]) == Engine("podman", "/usr/bin/podman", cdi=False)
     assert detect_engine({}.get, [tmp_path]) is None
+
+
+def test_a_setup_wraps_the_command_in_the_images_shell() -> None:
+    spec = RunSpec("t1", 1, "img:1", with_setup("pip install -r r.txt", ["python", "a b"]), Path("/w"))
+    tail = ["img:1", "/bin/sh", "-c", SETUP_WRAPPER, "autoscaler-setup", "pip install -r r.txt", "python", "a b"]
+    assert run_argv(PODMAN, spec)[-len(tail) :] == tail
+
+
+def _wrapper_on_this_machine(task_dir: Path, setup: str, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """The wrapper run by this machine's /bin/sh, with the task dir at `task_dir`."""
+    script = SETUP_WRAPPER.replace(TASK_DIR, str(task_dir))
+    return subprocess.run(
+        ["/bin/sh", "-c", script, "autoscaler-setup", setup, *command],
+        cwd=task_dir,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+
+
+def test_the_setup_wrapper_runs_setup_then_execs_the_command_unchanged(tmp_path: Path) -> None:
+    r = _wrapper_on_this_machine(tmp_path, "echo 'in setup' > s.txt; X=1", ["printf", "%s|", "a b", "$HOME", "'q'"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "a b|$HOME|'q'|"  # no argument re-split or expanded on the way
+    assert (tmp_path / "s.txt").read_text() == "in setup\n"
+    assert "[autoscaler agent: setup: echo 'in setup' > s.txt; X=1]" in r.stderr
+    assert not (tmp_path / SETUP_FAILED_FILE).exists()
+
+
+def test_a_failing_setup_leaves_its_code_and_the_command_never_runs(tmp_path: Path) -> None:
+    r = _wrapper_on_this_machine(tmp_path, "exit 4", ["touch", "ran"])
+    assert r.returncode == 4 and (tmp_path / SETUP_FAILED_FILE).read_text().strip() == "4"
+    assert not (tmp_path / "ran").exists()
+    (tmp_path / "next").mkdir()
+    failing_command = _wrapper_on_this_machine(tmp_path / "next", "true", ["sh", "-c", "exit 9"])
+    assert failing_command.returncode == 9  # the command's own code, not a setup failure
+    assert not (tmp_path / "next" / SETUP_FAILED_FILE).exists()

@@ -123,6 +123,23 @@ def test_task_paths_must_stay_in_the_task_directory(server: LiveServer) -> None:
     assert r.status_code == 422 and "needs a checkpoint_dir" in r.json()["detail"]
 
 
+def test_an_image_task_may_carry_files_and_a_working_dir_task_may_not(server: LiveServer) -> None:
+    vision = team(server, "vision")
+    digest = upload(vision, tgz({"main.sh": b"echo hi"}))["digest"]
+    carried = {"code": {"snapshot": digest}, "setup": "true", "outputs": ["out"], "checkpoint_dir": "ckpt"}
+    base = {"queue": "gpu", "command": ["sh", "main.sh"], "image": "registry.example/busybox:1"}
+    r = vision.post("/api/v1/tasks", json={**base, **carried})
+    assert r.status_code == 201, r.text
+    got = vision.get(f"/api/v1/tasks/{r.json()['id']}").json()
+    assert got["image"] == base["image"] and got["setup"] == "true" and got["checkpoint_dir"] == "ckpt"
+    for field in carried:
+        r = vision.post(
+            "/api/v1/tasks",
+            json={"queue": "gpu", "command": ["true"], "working_dir": "/srv/x", field: carried[field]},
+        )
+        assert r.status_code == 422 and "drop working_dir" in r.json()["detail"], (field, r.text)
+
+
 def test_no_store_configured_says_so(ctx: AppContext) -> None:
     s = LiveServer(ctx).start()
     try:

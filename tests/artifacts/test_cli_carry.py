@@ -117,3 +117,30 @@ def test_cli_refusals_are_one_line(server: dict[str, str], tmp_path: Path) -> No
     assert r.returncode == 1 and "inside the task's directory" in r.stderr
     r = cli("enqueue", "-q", "cpu", "--code", str(tmp_path / "nope"), "--", "true", env=server)
     assert r.returncode == 1 and "not a directory" in r.stderr
+
+
+def test_code_from_a_subdirectory_of_a_checkout_says_where_the_task_runs(
+    server: dict[str, str], tmp_path: Path
+) -> None:
+    def git(cwd: Path, *args: str) -> None:
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+    origin, repo = tmp_path / "origin.git", tmp_path / "repo"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    git(tmp_path, "clone", "-q", str(origin), str(repo))
+    (repo / "jobs").mkdir()
+    (repo / "jobs" / "run.sh").write_text("cat jobs/data.txt\n")
+    (repo / "jobs" / "data.txt").write_text("from the top\n")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-qm", "v1")
+    git(repo, "push", "-q", "origin", "main")
+    r = cli("enqueue", "-q", "cpu", "--code", str(repo / "jobs"), "--", "sh", "jobs/run.sh", env=server)
+    assert r.returncode == 0, r.stderr
+    assert "runs at the top of the clone" in r.stderr and "is jobs/" in r.stderr
+    task_id = r.stdout.strip()
+    done = wait_done(server, task_id)
+    assert done["state"] == "succeeded", done
+    logs = cli("logs", task_id, env=server)
+    assert "from the top" in logs.stdout
+    top = cli("enqueue", "-q", "cpu", "--code", str(repo), "--", "true", env=server)
+    assert top.returncode == 0 and "top of the clone" not in top.stderr

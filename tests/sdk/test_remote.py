@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autoscaler.artifacts.store import LocalStore
 from autoscaler.sdk import Client
 from tests.agent.conftest import PY, AgentHarness, py
@@ -227,3 +229,75 @@ def test_a_module_run_with_dash_m_is_run_the_same_way_on_the_worker(harness: Age
         assert info.command == [PY, "-m", "trainer.train", "--lr", "1"]
         assert info.working_dir == str(tmp_path / "project") and info.state == "succeeded"
         assert client.task(task_id).output("stdout").startswith(f"worker ran {package / 'train.py'} ['--lr', '1']")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_git_mode_runs_the_committed_code_with_the_uncommitted_diff_on_the_worker(
+    harness: AgentHarness, tmp_path: Path
+) -> None:
+    """code='git': the worker clones the checkout's origin at its HEAD and applies the
+    uncommitted diff; the laptop's checkout is gone before the task runs, and a file
+    that was never committed (untracked) does not reach the worker."""
+    harness.ctx.artifacts = LocalStore(tmp_path / "store")
+    origin = tmp_path / "origin.git"
+    repo = tmp_path / "laptop"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    _git(tmp_path, "clone", "-q", str(origin), str(repo))
+    for k, v in (("user.email", "t@example.com"), ("user.name", "t")):
+        _git(repo, "config", k, v)
+    # The script is in a subdirectory of the checkout, as training scripts often are.
+    script = write_script(repo / "jobs", extra=f", code='git', python={PY!r}")
+    script.write_text(
+        script.read_text().replace(
+            "sys.exit(",
+            "here = os.path.dirname(os.path.abspath(__file__))\n"
+            "print('committed:', open(os.path.join(here, 'committed.txt')).read().strip(), flush=True)\n"
+            "print('edited:', open(os.path.join(here, 'edited.txt')).read().strip(), flush=True)\n"
+            "print('untracked present:', os.path.exists(os.path.join(here, 'untracked.txt')), flush=True)\n"
+            "sys.exit(",
+        )
+    )
+    (repo / "jobs" / "committed.txt").write_text("from the commit\n")
+    (repo / "jobs" / "edited.txt").write_text("as committed\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "v1")
+    _git(repo, "push", "-q", "origin", "main")
+    commit = _git(repo, "rev-parse", "HEAD")
+    (repo / "jobs" / "edited.txt").write_text("edited on the laptop, not committed\n")  # the uncommitted diff
+    (repo / "jobs" / "untracked.txt").write_text("never added\n")
+    harness.start_agent(gpus=1)
+
+    done = submit_side(harness, script, "--lr", "0.1")
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.strip()
+    shutil.rmtree(repo)  # from here on the code is in origin and the diff in the store
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        task = client.task(task_id)
+        info = task.wait(timeout=60, poll_s=0.2)
+        assert info.state == "succeeded", (task.output(), harness.agents[0].log())
+        code = info.raw["code"]
+        assert code["git"] == str(origin) and code["ref"] == commit and code["diff_snapshot"].startswith("sha256:")
+        assert info.working_dir is None and info.command == [PY, "jobs/train.py", "--lr", "0.1"]
+        out = task.output("stdout").splitlines()
+        assert out[0].startswith("worker ran ") and out[0].endswith(f"['--lr', '0.1'] {task_id}"), out
+        assert str(repo) not in out[0] and "/jobs/train.py" in out[0]  # the clone's copy of the same file
+        assert out[1:] == [
+            "committed: from the commit",
+            "edited: edited on the laptop, not committed",
+            "untracked present: False",
+        ]
+        assert "with the uncommitted diff" in task.output("stderr")
+
+
+def test_git_mode_names_a_script_by_its_path_in_the_checkout_and_refuses_a_module_below_the_top() -> None:
+    from autoscaler.sdk.errors import SdkError
+    from autoscaler.sdk.remote import Entry, in_clone
+
+    assert in_clone(Entry(["train.py", "-x"], Path("/r")), "") == ["train.py", "-x"]
+    assert in_clone(Entry(["train.py", "-x"], Path("/r/jobs")), "jobs/") == ["jobs/train.py", "-x"]
+    assert in_clone(Entry(["-m", "pkg.train"], Path("/r")), "") == ["-m", "pkg.train"]
+    with pytest.raises(SdkError, match="start it from the top, or use code='snapshot'"):
+        in_clone(Entry(["-m", "pkg.train"], Path("/r/src")), "src/")
