@@ -5,10 +5,14 @@
 Starts a throwaway PostgreSQL server and the real server process on 127.0.0.1 (or
 uses --pg-url), registers agents with their own join tokens, then ramps the agent
 count. Every simulated agent does what `autoscaler agent` does on the wire:
-a heartbeat every 10 s (with the ids it runs), a lease poll while idle every 2 s,
-backing off after empty polls as the agent does (2 s, 4 s, then every 5 s:
---lease-max-s; set it to --lease-s for the old fixed 2 s poll), no poll while its
-GPU is busy, and for each task: start, one log chunk, finish. --workers N starts
+a heartbeat every 10 s (with the ids it runs); while idle, a long-poll lease that
+waits in the server until work fits or its next heartbeat is due (--lease-wait-s,
+the agent's --lease-wait); against a server that answers at once (no long-poll), or
+with --lease-wait-s 0, a lease poll every 2 s backing off after empty polls as the
+agent does (2 s, 4 s, then every 5 s: --lease-max-s); no poll while its GPU is
+busy, and for each task: start, one log chunk, finish. Long-polls wait on purpose,
+so their latency is kept out of the overall p50/p99; `long_poll_late_p99_ms` is how
+late an empty one came back after its hold ran out. --workers N starts
 the server with N API processes. A producer enqueues
 --task-rate tasks/s with a team token; a task "runs" --task-s seconds.
 
@@ -40,6 +44,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+LONG_POLL = "lease (long-poll)"  # kept out of the overall latency: it waits on purpose
 CONFIG = """
 deployment: bench
 database_url: {db}
@@ -62,6 +67,7 @@ class Stats:
     completions: int = 0
     enqueued: int = 0
     loop_lag: list[float] = field(default_factory=list)
+    held_late: list[float] = field(default_factory=list)  # empty long-polls: answer time past the hold
 
 
 class Recorder:
@@ -72,7 +78,12 @@ class Recorder:
         self.enqueued_total = 0
         self.completed_total = 0
 
-    async def call(self, client: httpx.AsyncClient, kind: str, method: str, url: str, **kw: Any) -> Any:
+    async def call(
+        self, client: httpx.AsyncClient, kind: str, method: str, url: str, hold: float = 0.0, **kw: Any
+    ) -> Any:
+        """One request. A long-poll (`hold` > 0) is meant to take long: its latency is
+        kept apart (not in the overall p50/p99); an empty answer records how late it
+        came after the hold ran out, i.e. the server's own delay."""
         t0 = time.perf_counter()
         try:
             r = await client.request(method, url, **kw)
@@ -84,6 +95,8 @@ class Recorder:
         stats = self.current
         if stats is not None:
             stats.latencies[kind].append(elapsed)
+            if hold and r is not None and ok and r.json().get("task") is None:
+                stats.held_late.append(max(0.0, elapsed - hold))
             if not ok:
                 stats.errors[kind] += 1
                 if len(stats.error_samples) < 5:
@@ -97,10 +110,14 @@ class Agent:
         self.headers = {"Authorization": f"Bearer {token}"}
         self.base = f"/api/v1/workers/{worker_id}"
         self.running: str | None = None
+        self.next_heartbeat = time.monotonic()
 
     async def heartbeats(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
-        await asyncio.sleep(random.uniform(0, self.args.heartbeat_s))
+        first = random.uniform(0, self.args.heartbeat_s)
+        self.next_heartbeat = time.monotonic() + first
+        await asyncio.sleep(first)
         while not stop.is_set():
+            self.next_heartbeat = time.monotonic() + self.args.heartbeat_s
             body = {
                 "running": [self.running] if self.running else [],
                 "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}],
@@ -112,9 +129,23 @@ class Agent:
         await asyncio.sleep(random.uniform(0, self.args.lease_s))
         wait = self.args.lease_s
         while not stop.is_set():
-            r = await self.rec.call(client, "lease", "POST", f"{self.base}/lease", headers=self.headers)
+            # As the agent does: an idle lease waits in the server (long-poll) until work
+            # fits, never past the next heartbeat; a server that answers at once (no
+            # long-poll) gets the old polling with back-off.
+            hold = min(self.args.lease_wait_s, self.next_heartbeat - time.monotonic())
+            hold = hold if hold >= 0.5 else 0.0
+            url = f"{self.base}/lease" + (f"?wait_s={hold:.3f}" if hold else "")
+            asked = time.monotonic()
+            kind = LONG_POLL if hold else "lease"
+            r = await self.rec.call(
+                client, kind, "POST", url, hold=hold, headers=self.headers, timeout=self.args.timeout_s + hold
+            )
             task = r.json().get("task") if r is not None else None
             if task is None:
+                if hold and r is not None and time.monotonic() - asked >= hold / 2:
+                    wait = self.args.lease_s
+                    await asyncio.sleep(0.05)  # the agent's loop tick before it asks again
+                    continue
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, max(self.args.lease_max_s, self.args.lease_s))
                 continue
@@ -247,12 +278,15 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
             await asyncio.sleep(args.step_s)
             elapsed = time.perf_counter() - t0
             rec.current = None
-            everything = [x for v in stats.latencies.values() for x in v]
+            everything = [x for k, v in stats.latencies.items() if k != LONG_POLL for x in v]
+            held = stats.latencies.get(LONG_POLL, [])
             row = {
                 "agents": target,
                 "seconds": round(elapsed, 1),
-                "requests": len(everything),
-                "rps": round(len(everything) / elapsed, 1),
+                "requests": len(everything) + len(held),
+                "rps": round((len(everything) + len(held)) / elapsed, 1),
+                "long_polls": len(held),
+                "long_poll_late_p99_ms": round(pct(stats.held_late, 0.99), 1),
                 "completions_per_s": round(stats.completions / elapsed, 1),
                 "enqueued_per_s": round(stats.enqueued / elapsed, 1),
                 "p50_ms": round(pct(everything, 0.50), 1),
@@ -351,6 +385,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         type=float,
         default=5.0,
         help="idle back-off cap after empty leases (the agent's: 2.5 x lease-s)",
+    )
+    p.add_argument(
+        "--lease-wait-s",
+        type=float,
+        default=20.0,
+        help="idle lease long-poll (the agent's --lease-wait; capped at the next heartbeat); 0: poll",
     )
     p.add_argument("--workers", type=int, default=1, help="API processes (`autoscaler server --workers`)")
     p.add_argument("--connections", type=int, default=200)

@@ -56,6 +56,7 @@ TICK_S = 0.05
 # the next poll waits twice as long, up to this many lease intervals (2 s -> 4 s ->
 # 5 s by default), so new work waits at most ~5 s for an idle agent.
 IDLE_LEASE_BACKOFF_MAX = 2.5
+LONG_POLL_MIN_S = 0.5  # a shorter long-poll is not worth holding the loop for
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
 MIN_FLUSH_S = 2.0  # after a SIGTERM, the least time left to deliver reports and deregister
 
@@ -471,22 +472,40 @@ class Agent:
         held = sum(len(tp.task.gpu_indices or []) for tp in self.tasks.values())
         return len(self.inventory) - held
 
+    def _long_poll_s(self, now: float) -> float:
+        """How long this lease may wait in the server: only while nothing runs and no
+        report waits (the loop watches nothing else meanwhile), never past the next
+        heartbeat or preemption check, and not for a moment too short to be worth it."""
+        if self.tasks or len(self.outbox) or self.signals != self.signals_seen:
+            return 0.0
+        until = min(self.t.lease_wait_s, self.next_heartbeat - now)
+        if self.metadata is not None:
+            until = min(until, self.next_notice - now)
+        return until if until >= LONG_POLL_MIN_S else 0.0
+
     def _lease(self, now: float) -> None:
         got = False
+        waited = False  # the server held an empty long-poll: ask again without back-off
         while self.mode == Mode.RUNNING and len(self.tasks) < self.max_tasks:
             if self._free_gpus() == 0:
                 # Every GPU is taken: do not poll. (A CPU-only task, gpus: 0, then waits
                 # for an agent with a free GPU or a CPU-only agent.)
                 break
+            wait = 0.0 if got else self._long_poll_s(now)
+            asked = self.clock()
             try:
-                task = self.api.lease()
+                task = self.api.lease(wait) if wait > 0 else self.api.lease()
             except ServerRefused as exc:
                 if exc.status in (401, 403, 404):
                     self._gone(now, f"the server no longer knows this worker ({exc})")
                 else:
                     log.warning("lease refused (%s); trying again in %.1fs", exc, self.t.lease_s)
                 break
+            if wait > 0:
+                now = self.clock()  # the wait may have been long: start times must be true
             if task is None:
+                # A server without long-poll answers at once: then back off as before.
+                waited = wait > 0 and now - asked >= wait / 2
                 break
             got = True
             log.info(
@@ -514,8 +533,12 @@ class Agent:
                 continue
             self.tasks[task.id] = tp
             self.outbox.started(task.id)
-        self.empty_leases = 0 if got else min(self.empty_leases + 1, 8)
-        self.next_lease = now + self.t.lease_s * min(2 ** max(self.empty_leases - 1, 0), IDLE_LEASE_BACKOFF_MAX)
+        if waited:
+            self.empty_leases = 0
+            self.next_lease = now  # the wait was the interval: ask again after the heartbeat
+        else:
+            self.empty_leases = 0 if got else min(self.empty_leases + 1, 8)
+            self.next_lease = now + self.t.lease_s * min(2 ** max(self.empty_leases - 1, 0), IDLE_LEASE_BACKOFF_MAX)
         self.outbox.deliver(self.api)
 
     def _reachable(self, now: float) -> None:

@@ -35,6 +35,10 @@ class Outbox:
         self._queue.append(Report("start", task_id))
 
     def output(self, task_id: str, chunks: list[LogChunk]) -> None:
+        # Output not yet sent for the same task joins it (server away or slow, or the
+        # last output queued with the finish): fewer, fuller uploads, same order.
+        if self._queue and self._queue[-1].kind == "logs" and self._queue[-1].task_id == task_id:
+            chunks = [*self._queue.pop().logs, *chunks]
         for upload in cut_uploads(chunks, UPLOAD_MAX_CHARS):
             self._queue.append(Report("logs", task_id, logs=tuple(upload)))
 

@@ -43,6 +43,7 @@ class ServerRefused(Exception):
 class ServerApi:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self.base_url = base_url
+        self.timeout_s = timeout_s
         self._http = httpx.Client(
             base_url=base_url, timeout=timeout_s, headers={"User-Agent": f"autoscaler-agent/{__version__}"}
         )
@@ -52,10 +53,10 @@ class ServerApi:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, path: str, body: Any, token: str | None = None) -> Any:
+    def _call(self, path: str, body: Any, token: str | None = None, *, timeout_s: float | None = None) -> Any:
         headers = {"Authorization": f"Bearer {token or self._token}"}
         try:
-            r = self._http.post(path, json=body, headers=headers)
+            r = self._http.post(path, json=body, headers=headers, timeout=timeout_s or self.timeout_s)
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"{exc.__class__.__name__}: {exc}") from None
         if r.status_code >= 500:
@@ -81,8 +82,13 @@ class ServerApi:
     def heartbeat(self, body: HeartbeatBody) -> Commands:
         return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump(mode="json")))
 
-    def lease(self) -> LeasedTask | None:
-        return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task
+    def lease(self, wait_s: float = 0.0) -> LeasedTask | None:
+        """A task, or None. With `wait_s`, the server may hold the request that long
+        for work to appear (long-poll); the call's timeout grows by as much."""
+        if wait_s <= 0:
+            return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task
+        path = f"{self._worker('lease')}?wait_s={wait_s:.3f}"
+        return LeaseReply.model_validate(self._call(path, {}, timeout_s=self.timeout_s + wait_s)).task
 
     def start(self, task_id: str) -> None:
         self._call(self._worker(f"tasks/{task_id}/start"), {})

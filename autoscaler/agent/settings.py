@@ -71,6 +71,11 @@ class Timing:
 
     heartbeat_s: float | None = None  # None: use the interval the server announces (10 s)
     lease_s: float = 2.0  # how often an agent with free GPUs asks for work
+    # An idle agent's lease waits in the server up to this long for work (long-poll;
+    # answered the moment a task fits), never past its next heartbeat or notice check.
+    # 0: poll every lease_s. A server without long-poll answers at once, and the agent
+    # then polls with its back-off as before.
+    lease_wait_s: float = 20.0
     drain_deadline_s: float = 90.0  # on SIGTERM: how long running tasks may go on
     kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL on cancel, timeout, drain deadline
     # On a spot notice tasks get SIGTERM at once and SIGKILL at the notice's deadline

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from autoscaler import __version__
 from autoscaler.api.context import AppContext
 from autoscaler.api.hostile import NUL_MESSAGE, body_has_nul, target_has_nul
+from autoscaler.api.longpoll import queued_probe, release_on_signals
 from autoscaler.api.openapi_errors import document_errors
 from autoscaler.api.ratelimit import AuthFailureLimiter
 from autoscaler.api.routes import (
@@ -150,7 +153,15 @@ async def _send_error(send: Send, status: int, message: str) -> None:
 
 
 def create_app(ctx: AppContext) -> FastAPI:
-    app = FastAPI(title="GPU autoscaler", version=__version__, docs_url="/api/docs", redoc_url=None)
+    ctx.lease_waiters.attach_probe(queued_probe(ctx.sessions))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        release_on_signals(ctx.lease_waiters)  # a stop answers open long-polls at once
+        yield
+        ctx.lease_waiters.close()
+
+    app = FastAPI(title="GPU autoscaler", version=__version__, docs_url="/api/docs", redoc_url=None, lifespan=lifespan)
     app.state.ctx = ctx
     app.state.limiter = AuthFailureLimiter()
     app.state.principals = ctx.principals

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.api.longpoll import LeaseWaiters
 from autoscaler.artifacts.store import ArtifactStore
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.auth.tokens import PrincipalCache
@@ -42,3 +43,5 @@ class AppContext:
     # Where snapshots, outputs and checkpoints are kept (autoscaler.artifacts). None:
     # this server keeps none (tasks that carry code, outputs or checkpoints are refused).
     artifacts: ArtifactStore | None = None
+    # Lease requests waiting for work (long-poll): woken by enqueues and requeues here.
+    lease_waiters: LeaseWaiters = field(default_factory=LeaseWaiters)

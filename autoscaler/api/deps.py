@@ -18,9 +18,15 @@ from autoscaler.errors import Forbidden, NotFound, SecurityNote, Unauthorized
 from autoscaler.state.models import ApiToken
 
 
-def get_context(request: Request) -> AppContext:
+def context_of(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
+
+
+async def get_context(request: Request) -> AppContext:
+    # `async` only so FastAPI runs it on the event loop: a plain `def` dependency costs
+    # a thread-pool round trip on every request, for an attribute read.
+    return context_of(request)
 
 
 Ctx = Annotated[AppContext, Depends(get_context)]
@@ -115,7 +121,8 @@ def _misuse(principal: Principal, what: str) -> SecurityNote:
     )
 
 
-def get_credentials(request: Request) -> Credentials:
+async def get_credentials(request: Request) -> Credentials:
+    """The presented token, unchecked (no I/O: async to stay off the thread pool)."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     token = value.strip() if scheme.lower() == "bearer" else None
@@ -124,7 +131,7 @@ def get_credentials(request: Request) -> Credentials:
         token=token or None,
         client=client,
         limiter=request.app.state.limiter,
-        ctx=get_context(request),
+        ctx=context_of(request),
         cache=request.app.state.principals,
     )
 

@@ -62,6 +62,14 @@ def agent(
         typer.Option(min=0.01, help="Seconds between heartbeats; default: what the server says."),
     ] = None,
     lease_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between lease attempts.")] = 2.0,
+    lease_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=60,
+            help="While idle, let a lease wait in the server up to this long for work (long-poll); 0: poll.",
+        ),
+    ] = 20.0,
     drain_deadline: Annotated[float, typer.Option(min=0, help="On SIGTERM: seconds tasks may still run.")] = 90.0,
     kill_grace: Annotated[float, typer.Option(min=0, help="SIGTERM to SIGKILL on cancel/timeout/drain.")] = 10.0,
     preempt_grace: Annotated[
@@ -102,6 +110,7 @@ def agent(
     timing = Timing(
         heartbeat_s=heartbeat_interval,
         lease_s=lease_interval,
+        lease_wait_s=lease_wait,
         drain_deadline_s=drain_deadline,
         kill_grace_s=kill_grace,
         preempt_grace_s=preempt_grace,

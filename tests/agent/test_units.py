@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,6 +26,8 @@ from autoscaler.agent.decisions import (
 from autoscaler.agent.errors import AgentError
 from autoscaler.agent.join_secret import fetch_join_token
 from autoscaler.agent.metadata import metadata_service, parse_iso, parse_rfc1123
+from autoscaler.agent.outbox import Outbox
+from autoscaler.agent.server_api import ServerApi, ServerUnreachable
 from autoscaler.agent.settings import (
     SimulatedGpuSpec,
     Timing,
@@ -321,3 +323,49 @@ def test_cli_reports_a_bad_bootstrap_file_in_one_line(tmp_path: Path) -> None:
         out.stderr.strip() == f"error: bootstrap file {boot} is not valid JSON (line 1: Expecting property name "
         "enclosed in double quotes)"
     )
+
+
+class _RecordingApi:
+    """The outbox's side of ServerApi: records calls; unreachable while `down`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.down = False
+
+    def _call(self, kind: str, task_id: str, data: str = "") -> None:
+        if self.down:
+            raise ServerUnreachable("down")
+        self.calls.append((kind, task_id, data))
+
+    def start(self, task_id: str) -> None:
+        self._call("start", task_id)
+
+    def logs(self, task_id: str, chunks: list[LogChunk]) -> None:
+        self._call("logs", task_id, "|".join(f"{c.stream}:{c.data}" for c in chunks))
+
+    def finish(self, task_id: str, body: FinishBody) -> None:
+        self._call("finish", task_id)
+
+
+def test_output_waiting_for_delivery_is_sent_in_one_upload_in_order() -> None:
+    api = _RecordingApi()
+    box = Outbox()
+    box.started("t1")
+    api.down = True
+    box.output("t1", [LogChunk(stream="stdout", data="a")])
+    with pytest.raises(ServerUnreachable):
+        box.deliver(cast(ServerApi, api))
+    box.output("t1", [LogChunk(stream="stdout", data="b"), LogChunk(stream="stderr", data="e")])
+    box.output("t2", [LogChunk(stream="stdout", data="other task")])  # never joins t1's
+    box.output("t1", [LogChunk(stream="stdout", data="c")])
+    box.finished("t1", FinishBody(reason="exit", exit_code=0))
+    api.down = False
+    box.deliver(cast(ServerApi, api))
+    assert api.calls == [
+        ("start", "t1", ""),
+        ("logs", "t1", "stdout:ab|stderr:e"),
+        ("logs", "t2", "stdout:other task"),
+        ("logs", "t1", "stdout:c"),
+        ("finish", "t1", ""),
+    ]
+    assert len(box) == 0

@@ -74,6 +74,8 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
             secret_keys=ctx.secret_keys,
         )
     ctx.wake("enqueue")
+    if task.state == TaskState.QUEUED.value:
+        ctx.lease_waiters.notify(1)  # an agent waiting in a long-poll lease takes it now
     return task
 
 

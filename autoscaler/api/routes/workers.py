@@ -4,13 +4,16 @@ deregister) and what admins see (list, get, drain)."""
 from __future__ import annotations
 
 import logging
+import time
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from autoscaler.api.context import AppContext
-from autoscaler.api.deps import Auth, Ctx, tx
+from autoscaler.api.deps import Auth, Credentials, Ctx, tx
 from autoscaler.api.routes.artifacts import transfers_for
 from autoscaler.api.schemas import (
     DrainIn,
@@ -29,12 +32,14 @@ from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
+from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import ApiToken, Task, Worker
 from providers.identity import IdentityRefused, identity_verifier
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
+MAX_LEASE_WAIT_S = 60.0  # a long-poll lease waits at most this long (agents ask for less)
 
 
 def _pool_setting(ctx: Ctx, pool: str, key: str, default: str) -> str:
@@ -145,7 +150,36 @@ def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> Heartb
 
 
 @router.post("/{worker_id}/lease", response_model=LeaseOut)
-def lease(worker_id: str, auth: Auth, ctx: Ctx) -> LeaseOut:
+async def lease(
+    worker_id: str,
+    auth: Auth,
+    ctx: Ctx,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_LEASE_WAIT_S,
+            description="Long-poll: when nothing fits now, wait up to this many seconds for work "
+            "(answered the moment a task fits); 0 answers at once.",
+        ),
+    ] = 0.0,
+) -> LeaseOut:
+    """The best queued task that fits this worker, or `{"task": null}`.
+
+    With `wait_s`, an empty answer waits in the server (holding no database
+    connection) and is retried when work is queued (autoscaler.api.longpoll). Each
+    attempt is the ordinary lease in its own transaction, so what is handed out, and
+    every error, is the same as without waiting."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = await run_in_threadpool(_lease_once, worker_id, auth, ctx)
+        left = deadline - time.monotonic()
+        if out.task is not None or left <= 0 or ctx.lease_waiters.closed:
+            return out
+        await ctx.lease_waiters.wait(left)
+
+
+def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
         task = task_ops.lease(s, worker_id, now=ctx.clock.now())
@@ -201,6 +235,8 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
         )
         out = TaskOut.model_validate(task)
     ctx.wake("task finished")
+    if out.state == TaskState.QUEUED.value:
+        ctx.lease_waiters.notify(1)  # a failed attempt went back to the queue: someone may take it
     return out
 
 
