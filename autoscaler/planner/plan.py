@@ -759,6 +759,7 @@ class _Packer:
         # A shape that could not get a new machine will not get one later in this plan:
         # counts only grow and headroom only shrinks, so the refusal is remembered.
         self.refused: dict[_Shape, str] = {}
+        self._searched_none = False  # set by each _place
 
     def pack(self, remaining: list[tuple[_Unit, int]]) -> _Packed:
         for u, n in remaining:
@@ -796,12 +797,12 @@ class _Packer:
         # Each team's last placement (its run and bin), kept across turns: only the team
         # fills its own bins, so when its turn comes back nothing ahead of that bin has
         # changed, and the same shape's first fit is still that bin while it has room.
-        last: dict[str, tuple[_Run | None, tuple[_FreeIndex[_Bin], int] | None]] = {}
+        last: dict[str, tuple[_Run | None, tuple[_FreeIndex[_Bin], int] | None, bool]] = {}
         while heap:
             _, _, team = heapq.heappop(heap)
             td = sc.tds[team]
             queue_of_team = pending[team]
-            prev, at = last.get(team, (None, None))
+            prev, at, searched = last.get(team, (None, None, False))
             while True:
                 run = queue_of_team[0]
                 u = run.unit
@@ -811,7 +812,7 @@ class _Packer:
                 left = book.quota_left(team)
                 if left is not None and u.gpus > left:
                     self._hold(u, book.quota_reason(u, left))
-                    at = None
+                    at, searched = None, False
                 elif at is not None and run is prev and at[0].can_take(at[1], u):
                     # The task before this one was the same shape, for the same team,
                     # and went into a bin that still has room: that bin is this task's
@@ -819,8 +820,14 @@ class _Packer:
                     # not changed since (only this team fills its bins), so the search
                     # in _place would end there: skip it.
                     at[0].take(at[1], u).answers.append(u.answer)
+                elif run is prev and searched:
+                    # The last search of this team's bins for this shape found none, and
+                    # the only bin added since (the one bought for it) has no room left:
+                    # the search would find none again, so go straight to buying.
+                    at = self._place(u, td, search_bins=False)
                 else:
                     at = self._place(u, td)
+                    searched = self._searched_none
                 if at is not None:
                     book.allocated[team] += u.gpus
                     self.want[u.team_queue] -= u.gpus
@@ -835,22 +842,28 @@ class _Packer:
                 key = (book.share(team), served[team], team)
                 if heap and heap[0] < key:
                     heapq.heappush(heap, key)
-                    last[team] = (prev, at)
+                    last[team] = (prev, at, searched)
                     break
 
-    def _place(self, u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
-        """Place one task in a bin of its team (new or not): where, or None if held."""
+    def _place(self, u: _Unit, td: TeamDecision, *, search_bins: bool = True) -> tuple[_FreeIndex[_Bin], int] | None:
+        """Place one task in a bin of its team (new or not): where, or None if held.
+        `search_bins=False`: the caller knows no bin of the team fits it. Afterwards
+        `_searched_none` says whether no existing bin fitted (the task was held, or a
+        new bin was bought for it)."""
         sc, inp = self.sc, self.sc.inp
         # A bin already planned for this team is free: first fit over them, pools in
         # the queue's rank order, before buying another machine.
         team_bins = self.bins_by[u.team]
-        for pool in sc.ranked.get(u.queue, ()):
-            index = team_bins.get(pool.name)
-            if index is not None:
-                pos = index.first_fit(u, self.type_ok)
-                if pos is not None:
-                    index.take(pos, u).answers.append(u.answer)
-                    return index, pos
+        self._searched_none = False
+        if search_bins:
+            for pool in sc.ranked.get(u.queue, ()):
+                index = team_bins.get(pool.name)
+                if index is not None:
+                    pos = index.first_fit(u, self.type_ok)
+                    if pos is not None:
+                        index.take(pos, u).answers.append(u.answer)
+                        return index, pos
+        self._searched_none = True
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape in self.refused:
             self._hold(u, self.refused[shape])
