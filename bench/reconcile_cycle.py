@@ -13,6 +13,7 @@ and `plan` over repeated runs. `--scale 10` multiplies every dimension by ten.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import tempfile
@@ -236,6 +237,21 @@ def main() -> None:
         # clock also counts waiting for a core, the CPU time does not.
         cpu: dict[str, list[float]] = {name: [] for name in phases}
         launches = 0
+        # Time spent in the collector's full (generation 2) passes during the timed
+        # phases: they scan every tracked object of the process, so they grow with the
+        # heap, not with what the cycle allocates.
+        full_gc: list[float] = []
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if info["generation"] != 2:
+                return
+            if phase == "start":
+                started.append(time.perf_counter())
+            elif started:
+                full_gc.append(time.perf_counter() - started.pop())
+
+        gc.callbacks.append(on_gc)
         for _ in range(args.runs):
             t0, c0 = time.perf_counter(), time.process_time()
             snap = rec.observe(NOW)
@@ -254,9 +270,15 @@ def main() -> None:
                 phases[name].append(v * 1000)
                 cpu[name].append(c * 1000)
             del snap, p  # the next run's garbage collections should not scan this one's
+        gc.callbacks.remove(on_gc)
+        tracked = len(gc.get_objects())
         policy.close()
         engine.dispose()
     print(f"runs={args.runs} input={args.input} policy={args.policy} launches planned per cycle={launches}")
+    print(
+        f"full collections: {len(full_gc)} in {args.runs} runs, {sum(full_gc) * 1000:.0f} ms in all "
+        f"(median {statistics.median(full_gc) * 1000 if full_gc else 0:.1f} ms each); tracked objects {tracked}"
+    )
     print(f"{'phase':<10}{'median ms':>12}{'p99 ms':>10}{'cpu median ms':>16}")
     for name, values in phases.items():
         print(
