@@ -7,11 +7,13 @@ and `plan` over repeated runs. `--scale 10` multiplies every dimension by ten.
 
     .venv/bin/python bench/reconcile_cycle.py --runs 30
     .venv/bin/python bench/reconcile_cycle.py --runs 10 --scale 10 --policy none
+    .venv/bin/python bench/reconcile_cycle.py --runs 30 --input realistic
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import tempfile
@@ -68,26 +70,50 @@ def build_config(pools: int, teams: int, queues: int) -> AutoscalerConfig:
     )
 
 
-def populate(url: str, config: AutoscalerConfig, tasks: int, instances: int, rng: random.Random) -> None:
+def team_shapes(teams: list[str], queues: list[str], rng: random.Random) -> dict[str, list[tuple[str, int, int]]]:
+    """The realistic input's backlog: each team submits 2-4 shapes (queue, GPUs,
+    priority), as a team runs a few kinds of job, not every combination."""
+    return {
+        t: [(rng.choice(queues), rng.choice([1, 1, 2, 4, 8]), rng.randint(0, 1)) for _ in range(rng.randint(2, 4))]
+        for t in teams
+    }
+
+
+def populate(
+    url: str, config: AutoscalerConfig, tasks: int, instances: int, rng: random.Random, *, realistic: bool = False
+) -> None:
     engine = make_engine(url)
     upgrade(engine)
     sessions = session_factory(engine)
     teams = [t.name for t in config.teams]
     queues = [q.name for q in config.queues]
+    # Drawn only for the realistic input, so the worst case keeps its draws from before.
+    shapes = team_shapes(teams, queues, rng) if realistic else {}
     with transaction(sessions) as s:
         sync_from_config(s, config, now=NOW)
         rows = []
         for i in range(tasks):
             at = NOW - timedelta(seconds=rng.randint(0, 3600))
+            if realistic:
+                team = rng.choice(teams)
+                queue, gpus, priority = rng.choice(shapes[team])
+            else:
+                # The worst case: every task drawn uniformly over every combination.
+                queue, team, gpus, priority = (
+                    rng.choice(queues),
+                    rng.choice(teams),
+                    rng.choice([0, 1, 1, 1, 2, 4, 8]),
+                    rng.randint(0, 2),
+                )
             rows.append(
                 dict(
                     id=f"t{i:07d}",
-                    queue=rng.choice(queues),
-                    team=rng.choice(teams),
+                    queue=queue,
+                    team=team,
                     command=["x"],
                     env={},
-                    gpus=rng.choice([0, 1, 1, 1, 2, 4, 8]),
-                    priority=rng.randint(0, 2),
+                    gpus=gpus,
+                    priority=priority,
                     state="queued",
                     sort_key=at,
                     created_at=at,
@@ -173,6 +199,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
+        "--input",
+        choices=["worst", "realistic"],
+        default="worst",
+        help="worst: tasks uniform over every queue x team x size x priority (thousands of shapes); "
+        "realistic: each team submits 2-4 shapes",
+    )
+    ap.add_argument(
         "--policy",
         choices=["embedded", "none"],
         default="embedded",
@@ -186,7 +219,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         t = time.perf_counter()
-        populate(url, config, n_tasks, n_inst, rng)
+        populate(url, config, n_tasks, n_inst, rng, realistic=args.input == "realistic")
         print(
             f"populated {n_tasks} tasks, {n_inst} instances, {n_pools} pools, {n_teams} teams "
             f"in {time.perf_counter() - t:.1f} s"
@@ -204,6 +237,21 @@ def main() -> None:
         # clock also counts waiting for a core, the CPU time does not.
         cpu: dict[str, list[float]] = {name: [] for name in phases}
         launches = 0
+        # Time spent in the collector's full (generation 2) passes during the timed
+        # phases: they scan every tracked object of the process, so they grow with the
+        # heap, not with what the cycle allocates.
+        full_gc: list[float] = []
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if info["generation"] != 2:
+                return
+            if phase == "start":
+                started.append(time.perf_counter())
+            elif started:
+                full_gc.append(time.perf_counter() - started.pop())
+
+        gc.callbacks.append(on_gc)
         for _ in range(args.runs):
             t0, c0 = time.perf_counter(), time.process_time()
             snap = rec.observe(NOW)
@@ -222,9 +270,15 @@ def main() -> None:
                 phases[name].append(v * 1000)
                 cpu[name].append(c * 1000)
             del snap, p  # the next run's garbage collections should not scan this one's
+        gc.callbacks.remove(on_gc)
+        tracked = len(gc.get_objects())
         policy.close()
         engine.dispose()
-    print(f"runs={args.runs} policy={args.policy} launches planned per cycle={launches}")
+    print(f"runs={args.runs} input={args.input} policy={args.policy} launches planned per cycle={launches}")
+    print(
+        f"full collections: {len(full_gc)} in {args.runs} runs, {sum(full_gc) * 1000:.0f} ms in all "
+        f"(median {statistics.median(full_gc) * 1000 if full_gc else 0:.1f} ms each); tracked objects {tracked}"
+    )
     print(f"{'phase':<10}{'median ms':>12}{'p99 ms':>10}{'cpu median ms':>16}")
     for name, values in phases.items():
         print(

@@ -203,16 +203,21 @@ class _FreeIndex(Generic[_Item]):
         best: int | None = None
         need = unit.need
         items = self._items
+        sized = unit.sized
         for (gpu_machine, offered, machine), buckets in self._kinds.items():
+            # A kind with nothing free (busy workers, filled slots) is passed over
+            # before anything else is asked: with one kind per distinct machine, most
+            # kinds of a busy fleet are full.
+            if not buckets:
+                continue
             # Keep GPU machines for GPU work: a CPU task never counts on a GPU machine.
             if unit.gpus == 0:
                 if gpu_machine:
                     continue
             elif not gpu_machine or not type_ok(unit.gpu_type, offered):
                 continue
-            if admit is not None and machine is not None and not admit(machine):
-                continue
-            if unit.sized:
+            found: int | None = None
+            if sized:
                 # CPUs and memory are not indexed (few tasks ask for them): scan this
                 # kind's items in insertion order for the first with room for all three.
                 for pos in self._members[(gpu_machine, offered, machine)]:
@@ -220,17 +225,24 @@ class _FreeIndex(Generic[_Item]):
                         break
                     item = items[pos]
                     if item.free >= need and _room_for(item, unit):
-                        best = pos
+                        found = pos
                         break
+            else:
+                for free in [f for f in buckets if f >= need]:
+                    heap = buckets[free]
+                    while heap and items[heap[0]].free != free:
+                        heapq.heappop(heap)  # stale: that item has been taken from since
+                    if not heap:
+                        del buckets[free]
+                    elif found is None or heap[0] < found:
+                        found = heap[0]
+            # Admission is asked last, and only of a kind that would win: it is pure, so
+            # asking it of fewer kinds changes no answer, and it is the dearest check.
+            if found is None or (best is not None and found >= best):
                 continue
-            for free in [f for f in buckets if f >= need]:
-                heap = buckets[free]
-                while heap and items[heap[0]].free != free:
-                    heapq.heappop(heap)  # stale: that item has been taken from since
-                if not heap:
-                    del buckets[free]
-                elif best is None or heap[0] < best:
-                    best = heap[0]
+            if admit is not None and machine is not None and not admit(machine):
+                continue
+            best = found
         return best
 
     def machine_at(self, pos: int) -> Machine | None:
@@ -686,10 +698,24 @@ def _fit_existing(
                 for index in candidates:
                     pos = index.first_fit(u, type_ok, admit)
                     if pos is not None:
-                        index.take(pos, u).used = True
-                        book.charge(u, index.machine_at(pos))
-                        book.allocated[u.team] += u.gpus
-                        placed += 1
+                        machine = index.machine_at(pos)
+                        while True:
+                            index.take(pos, u).used = True
+                            book.charge(u, machine)
+                            book.allocated[u.team] += u.gpus
+                            placed += 1
+                            # The next task of the run is the same shape: the slots and
+                            # pools ahead of this one did not fit or admit it and have
+                            # not changed (free capacity and headroom only shrink), so
+                            # this slot is its first fit too while it still has room and
+                            # admits it. Filling it here spares the search per task.
+                            if placed >= n or not index.can_take(pos, u):
+                                break
+                            if machine is not None and not admit(machine):
+                                break
+                            left = book.quota_left(u.team)
+                            if left is not None and u.gpus > left:
+                                break
                         break
                 else:
                     no_fit.add(shape)
@@ -733,6 +759,7 @@ class _Packer:
         # A shape that could not get a new machine will not get one later in this plan:
         # counts only grow and headroom only shrinks, so the refusal is remembered.
         self.refused: dict[_Shape, str] = {}
+        self._searched_none = False  # set by each _place
 
     def pack(self, remaining: list[tuple[_Unit, int]]) -> _Packed:
         for u, n in remaining:
@@ -767,12 +794,15 @@ class _Packer:
             pending[team] = deque(_Run(u, n) for u, n in team_runs)
             heapq.heappush(heap, (book.share(team), 0, team))
         served: Counter[str] = Counter()
+        # Each team's last placement (its run and bin), kept across turns: only the team
+        # fills its own bins, so when its turn comes back nothing ahead of that bin has
+        # changed, and the same shape's first fit is still that bin while it has room.
+        last: dict[str, tuple[_Run | None, tuple[_FreeIndex[_Bin], int] | None, bool]] = {}
         while heap:
             _, _, team = heapq.heappop(heap)
             td = sc.tds[team]
             queue_of_team = pending[team]
-            at: tuple[_FreeIndex[_Bin], int] | None = None
-            prev: _Run | None = None
+            prev, at, searched = last.get(team, (None, None, False))
             while True:
                 run = queue_of_team[0]
                 u = run.unit
@@ -782,7 +812,7 @@ class _Packer:
                 left = book.quota_left(team)
                 if left is not None and u.gpus > left:
                     self._hold(u, book.quota_reason(u, left))
-                    at = None
+                    at, searched = None, False
                 elif at is not None and run is prev and at[0].can_take(at[1], u):
                     # The task before this one was the same shape, for the same team,
                     # and went into a bin that still has room: that bin is this task's
@@ -790,8 +820,14 @@ class _Packer:
                     # not changed since (only this team fills its bins), so the search
                     # in _place would end there: skip it.
                     at[0].take(at[1], u).answers.append(u.answer)
+                elif run is prev and searched:
+                    # The last search of this team's bins for this shape found none, and
+                    # the only bin added since (the one bought for it) has no room left:
+                    # the search would find none again, so go straight to buying.
+                    at = self._place(u, td, search_bins=False)
                 else:
                     at = self._place(u, td)
+                    searched = self._searched_none
                 if at is not None:
                     book.allocated[team] += u.gpus
                     self.want[u.team_queue] -= u.gpus
@@ -806,21 +842,28 @@ class _Packer:
                 key = (book.share(team), served[team], team)
                 if heap and heap[0] < key:
                     heapq.heappush(heap, key)
+                    last[team] = (prev, at, searched)
                     break
 
-    def _place(self, u: _Unit, td: TeamDecision) -> tuple[_FreeIndex[_Bin], int] | None:
-        """Place one task in a bin of its team (new or not): where, or None if held."""
+    def _place(self, u: _Unit, td: TeamDecision, *, search_bins: bool = True) -> tuple[_FreeIndex[_Bin], int] | None:
+        """Place one task in a bin of its team (new or not): where, or None if held.
+        `search_bins=False`: the caller knows no bin of the team fits it. Afterwards
+        `_searched_none` says whether no existing bin fitted (the task was held, or a
+        new bin was bought for it)."""
         sc, inp = self.sc, self.sc.inp
         # A bin already planned for this team is free: first fit over them, pools in
         # the queue's rank order, before buying another machine.
         team_bins = self.bins_by[u.team]
-        for pool in sc.ranked.get(u.queue, ()):
-            index = team_bins.get(pool.name)
-            if index is not None:
-                pos = index.first_fit(u, self.type_ok)
-                if pos is not None:
-                    index.take(pos, u).answers.append(u.answer)
-                    return index, pos
+        self._searched_none = False
+        if search_bins:
+            for pool in sc.ranked.get(u.queue, ()):
+                index = team_bins.get(pool.name)
+                if index is not None:
+                    pos = index.first_fit(u, self.type_ok)
+                    if pos is not None:
+                        index.take(pos, u).answers.append(u.answer)
+                        return index, pos
+        self._searched_none = True
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape in self.refused:
             self._hold(u, self.refused[shape])

@@ -12,8 +12,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.config import AutoscalerConfig
@@ -91,40 +92,7 @@ class PoolState:
 def observe(
     session: Session, config: AutoscalerConfig, *, now: datetime, pool_state: Mapping[str, PoolState]
 ) -> Snapshot:
-    after_reclaim = case((Task.end_reason == "interrupted:spot", 1), else_=0)
-    demand = tuple(
-        DemandGroup(
-            queue,
-            team,
-            int(gpus or 0),
-            gpu_type,
-            int(priority or 0),
-            int(n),
-            oldest,
-            bool(reclaimed),
-            float(cpus or 0.0),
-            int(memory_mb or 0),
-        )
-        for queue, team, gpus, gpu_type, priority, n, oldest, reclaimed, cpus, memory_mb in session.execute(
-            select(
-                Task.queue,
-                Task.team,
-                Task.gpus,
-                Task.gpu_type,
-                Task.priority,
-                func.count(),
-                func.min(Task.sort_key),
-                after_reclaim,
-                Task.cpus,
-                Task.memory_mb,
-            )
-            # A task no pool of its queue can run (queueing.unschedulable) is no demand.
-            .where(Task.state == "queued", Task.unschedulable_reason.is_(None))
-            .group_by(
-                Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim, Task.cpus, Task.memory_mb
-            )
-        )
-    )
+    demand = _demand(session)
     running_gpus: Counter[str] = Counter()
     running_by_queue: Counter[str] = Counter()
     for queue, team, n, gpus in session.execute(
@@ -348,6 +316,89 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
         pools=pools,
         fleet=fleet,
     )
+
+
+# A demand row: queue, team, gpus, gpu_type, priority, after_reclaim, cpus, memory_mb,
+# as stored (None kept apart from 0, as the GROUP BY kept them).
+_DemandKey = tuple[str, str, int | None, str | None, int | None, bool, float | None, int | None]
+
+
+def _null_first(v: object) -> tuple[bool, object]:
+    return (v is not None, v)
+
+
+def demand_query() -> Select[*tuple[Any, ...]]:
+    """Queued, schedulable tasks grouped by their stored shape and end reason, in the
+    column order of the covering index `ix_tasks_demand`."""
+    return (
+        select(
+            Task.queue,
+            Task.team,
+            Task.gpus,
+            Task.gpu_type,
+            Task.priority,
+            Task.cpus,
+            Task.memory_mb,
+            Task.end_reason,
+            func.count(),
+            func.min(Task.sort_key),
+        )
+        # A task no pool of its queue can run (queueing.unschedulable) is no demand.
+        .where(Task.state == "queued", Task.unschedulable_reason.is_(None))
+        .group_by(
+            Task.queue,
+            Task.team,
+            Task.gpus,
+            Task.gpu_type,
+            Task.priority,
+            Task.cpus,
+            Task.memory_mb,
+            Task.end_reason,
+        )
+    )
+
+
+def _demand(session: Session) -> tuple[DemandGroup, ...]:
+    """Queued tasks grouped by shape, oldest sort key per group.
+
+    The query groups by the stored columns in the order of the covering index
+    `ix_tasks_demand`, end reason included, so SQLite answers it from the index alone
+    without a sort; the end reasons are then folded to "after a spot reclaim or not"
+    here (a few rows per shape at most). The groups come back in the order the former
+    query gave them on SQLite (shape columns ascending, NULLs first, reclaim flag
+    after priority): the planner breaks exact ties by input order, so the order is
+    part of the plan, and an explicit sort makes it the same on PostgreSQL too."""
+    counts: dict[_DemandKey, int] = {}
+    oldest_of: dict[_DemandKey, datetime | None] = {}
+    for queue, team, gpus, gpu_type, priority, cpus, memory_mb, end_reason, n, oldest in session.execute(
+        demand_query()
+    ):
+        key = (queue, team, gpus, gpu_type, priority, end_reason == "interrupted:spot", cpus, memory_mb)
+        if key not in counts:
+            counts[key], oldest_of[key] = int(n), oldest
+        else:
+            counts[key] += int(n)
+            first = oldest_of[key]
+            if oldest is not None and (first is None or oldest < first):
+                oldest_of[key] = oldest
+    groups = []
+    for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k)):
+        q, t, g, gt, prio, reclaimed, c, mem = shape
+        groups.append(
+            DemandGroup(
+                q,
+                t,
+                int(g or 0),
+                gt,
+                int(prio or 0),
+                counts[shape],
+                oldest_of[shape],
+                reclaimed,
+                float(c or 0.0),
+                int(mem or 0),
+            )
+        )
+    return tuple(groups)
 
 
 def _preempted_reasons(session: Session, ids: list[str]) -> dict[str, str]:
