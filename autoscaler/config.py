@@ -177,6 +177,12 @@ class PolicyConfig(_Strict):
         "regorus", description="The embedded engine's Rego interpreter (docs/policies.md, 'Engines')."
     )
     dir: str | None = Field(None, description="Policy directory; default: the policies shipped with the package.")
+    data_dir: str | None = Field(
+        None,
+        description="A directory of policy data files (budgets.yaml, placement.yaml, priorities.yaml) that "
+        "replace the policy directory's files of the same name: this deployment's teams, without copying the "
+        "rules. A relative path is taken from the config file's directory.",
+    )
     opa_url: str | None = None
     package: str = "autoscaler"
     timeout_s: float = Field(2.0, gt=0)
@@ -482,9 +488,15 @@ def parse_config(text: str, source: Path) -> AutoscalerConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     try:
-        return AutoscalerConfig.model_validate(raw)
+        cfg = AutoscalerConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(source, exc)) from None
+    data_dir = cfg.policy.data_dir
+    if data_dir is not None and not Path(data_dir).is_absolute():
+        # Relative to the file, not to wherever the server was started from.
+        policy = cfg.policy.model_copy(update={"data_dir": str(source.parent / data_dir)})
+        cfg = cfg.model_copy(update={"policy": policy})
+    return cfg
 
 
 def load_config(path: Path | None = None, settings: Settings | None = None) -> AutoscalerConfig:
