@@ -381,6 +381,36 @@ class NotificationsConfig(_Strict):
         return next((c for c in self.channels if c.name == name), None)
 
 
+class CapacityConfig(_Strict):
+    """The per-task choice between spot and on-demand (docs/capacity.md): the priors of
+    its two estimates and what a reclaim costs in waiting."""
+
+    reclaim_prior_per_hour: float = Field(
+        0.24,
+        ge=0,
+        description="Spot reclaims per instance-hour believed before any is observed (the simulator's rate).",
+    )
+    reclaim_prior_hours: float = Field(
+        20.0, ge=0, description="Instance-hours of evidence the prior is worth (0: the data alone)."
+    )
+    reclaim_half_life_h: float = Field(
+        336.0, gt=0, description="Hours after which an observed instance-hour counts half (default 14 days)."
+    )
+    runtime_prior_h: float = Field(
+        1.0, gt=0, description="Median run time (hours) of a task with no declaration and no history."
+    )
+    runtime_prior_sigma: float = Field(1.0, gt=0, description="Spread of ln(run time) in the prior.")
+    runtime_prior_weight: float = Field(2.0, gt=0, description="Runs of history the prior is worth.")
+    boot_s: float = Field(180.0, ge=0, description="Seconds a fresh machine takes to boot and take the task.")
+    wait_target_s: float | None = Field(
+        None,
+        gt=0,
+        description="Wait target (seconds): a task that would miss it on spot after a reclaim gets on-demand; "
+        "None: no target.",
+    )
+    enabled: bool = Field(True, description="False: the pool's capacity-type order alone decides (spot first).")
+
+
 class AutoscalerConfig(_Strict):
     deployment: str = Field("autoscaler", pattern=NAME_RE, description="Owner tag on every instance.")
     database_url: str | None = None
@@ -393,6 +423,7 @@ class AutoscalerConfig(_Strict):
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
 
     @field_validator("teams", "queues", "pools")
     @classmethod

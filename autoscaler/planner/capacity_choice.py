@@ -25,8 +25,8 @@ a p95 wait target tolerates), spot would miss it.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 SPOT, ON_DEMAND = "spot", "on_demand"
@@ -85,6 +85,27 @@ class TaskProfile:
     runtime_h: float
     checkpointing: Checkpointing = Checkpointing()
     wait_target_h: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityModel:
+    """What the planner needs to weigh spot against on-demand for every task: each spot
+    offering's estimated reclaim rate (by offering key; the prior for one never seen),
+    the boot a reclaim waits for, the wait target, and the run time of a task that has
+    no estimate (enqueued before there were any)."""
+
+    reclaim_rates: Mapping[str, float] = field(default_factory=dict)
+    prior_rate: float = 0.24
+    boot_h: float = 0.05
+    wait_target_h: float | None = None
+    default_runtime_h: float = 1.0
+
+    def rate(self, key: str) -> float:
+        return self.reclaim_rates.get(key, self.prior_rate)
+
+    def profile(self, runtime_h: float | None, checkpoints: str | None) -> TaskProfile:
+        spec = Checkpointing.parse(checkpoints) if checkpoints else Checkpointing()
+        return TaskProfile(runtime_h if runtime_h else self.default_runtime_h, spec, self.wait_target_h)
 
 
 @dataclass(frozen=True, slots=True)

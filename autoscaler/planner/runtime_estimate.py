@@ -86,3 +86,12 @@ def _h(hours: float) -> str:
     if hours < 1.0:
         return f"{hours * 60:.0f} min"
     return f"{hours:.1f} h"
+
+
+def runtime_class_h(hours: float) -> float:
+    """`hours` rounded to the nearest quarter-octave (2^(k/4), steps of 19 %): tasks of
+    nearly the same length share one demand group, so the planner sees a few dozen
+    run-time classes, not one per task; the expected cost moves little within one."""
+    if hours <= 0 or not math.isfinite(hours):
+        return 0.0
+    return float(2.0 ** (round(4.0 * math.log2(hours)) / 4.0))

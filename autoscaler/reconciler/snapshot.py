@@ -8,6 +8,7 @@ cost a few rows; workers' load comes from one GROUP BY over active tasks.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
 from autoscaler.lifecycle import INSTANCE_LIVE, INSTANCE_OPEN, INSTANCE_RUNNING, TASK_ACTIVE, WORKER_LIVE
+from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.planner.model import (
     DemandGroup,
     InstanceView,
@@ -29,7 +31,8 @@ from autoscaler.planner.model import (
     QueueView,
     WorkerView,
 )
-from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
+from autoscaler.planner.reclaim_rate import ReclaimEstimate
+from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, SpotOfferingInput, TeamInput
 from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
 
 ACTIVE_TASK_STATES = TASK_ACTIVE
@@ -51,6 +54,10 @@ class Snapshot:
     month_to_date: Mapping[str, float]
     burn: Mapping[str, float]
     pending_gpus: Mapping[str, int] = field(default_factory=dict)
+    # Each spot offering's observed reclaim rate (ledger.reclaims), and the model the
+    # planner weighs spot against on-demand with (None: the pool order alone).
+    reclaim: Mapping[str, ReclaimEstimate] = field(default_factory=dict)
+    capacity: CapacityModel | None = None
 
     def plan_input(self, decision: Decision, *, drain_deadline_s: float = 300.0) -> PlanInput:
         return PlanInput(
@@ -63,6 +70,7 @@ class Snapshot:
             decision,
             self.running_gpus,
             drain_deadline_s,
+            self.capacity,
         )
 
     def summary(self) -> dict[str, object]:
@@ -104,8 +112,23 @@ def observe(
             bool(reclaimed),
             float(cpus or 0.0),
             int(memory_mb or 0),
+            float(runtime_s) / 3600.0 if runtime_s else None,
+            checkpoints,
         )
-        for queue, team, gpus, gpu_type, priority, n, oldest, reclaimed, cpus, memory_mb in session.execute(
+        for (
+            queue,
+            team,
+            gpus,
+            gpu_type,
+            priority,
+            n,
+            oldest,
+            reclaimed,
+            cpus,
+            memory_mb,
+            runtime_s,
+            checkpoints,
+        ) in session.execute(
             select(
                 Task.queue,
                 Task.team,
@@ -117,11 +140,22 @@ def observe(
                 after_reclaim,
                 Task.cpus,
                 Task.memory_mb,
+                Task.runtime_class_s,
+                Task.checkpoints,
             )
             # A task no pool of its queue can run (queueing.unschedulable) is no demand.
             .where(Task.state == "queued", Task.unschedulable_reason.is_(None))
             .group_by(
-                Task.queue, Task.team, Task.gpus, Task.gpu_type, Task.priority, after_reclaim, Task.cpus, Task.memory_mb
+                Task.queue,
+                Task.team,
+                Task.gpus,
+                Task.gpu_type,
+                Task.priority,
+                after_reclaim,
+                Task.cpus,
+                Task.memory_mb,
+                Task.runtime_class_s,
+                Task.checkpoints,
             )
         )
     )
@@ -329,6 +363,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
             max_instances=p.max_instances,
             current_instances=live.get(p.name, 0),
             hourly_prices={f"{o.instance_type}/{o.capacity_type}": o.hourly_price for o in p.offerings},
+            spot_offerings=_spot_offerings(snap, p),
         )
         for p in snap.pools
     ]
@@ -348,6 +383,30 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
         pools=pools,
         fleet=fleet,
     )
+
+
+def _spot_offerings(snap: Snapshot, pool: PoolView) -> list[SpotOfferingInput]:
+    """The pool's spot offerings with the ledger's reclaim estimates (the prior's rate
+    for one never seen, with no evidence)."""
+    prior = snap.capacity.prior_rate if snap.capacity is not None else None
+    out: list[SpotOfferingInput] = []
+    for o in pool.offerings:
+        if o.capacity_type != "spot":
+            continue
+        est = snap.reclaim.get(o.key)
+        if est is None and prior is None:
+            continue
+        out.append(
+            SpotOfferingInput(
+                instance_type=o.instance_type,
+                zone=o.zone,
+                reclaim_rate_per_hour=est.rate if est else prior or 0.0,
+                reclaim_rate_sd=est.sd if est and math.isfinite(est.sd) else 0.0,
+                instance_hours=est.hours if est else 0.0,
+                reclaims=est.reclaims if est else 0.0,
+            )
+        )
+    return out
 
 
 def _preempted_reasons(session: Session, ids: list[str]) -> dict[str, str]:

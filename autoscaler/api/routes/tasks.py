@@ -29,6 +29,7 @@ from autoscaler.errors import Forbidden, NotFound
 from autoscaler.ledger.attempts import attempts_of, task_totals
 from autoscaler.queueing import gpu_samples
 from autoscaler.queueing import tasks as ops
+from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import Task, TaskEvent
 
@@ -72,6 +73,7 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
             now=ctx.clock.now(),
             shapes=Catalog.from_config(ctx.config),
             secret_keys=ctx.secret_keys,
+            runtime_prior=runtime_prior(ctx.config.capacity),
         )
     ctx.wake("enqueue")
     return task
