@@ -435,6 +435,11 @@ class TaskWhyOut(BaseModel):
     code: str
     reason: str
     details: dict[str, Any]
+    capacity: dict[str, Any] | None = Field(
+        None,
+        description="For a queued task: spot or on-demand as the planner would choose now, with the expected "
+        "costs and the reason (docs/capacity.md).",
+    )
 
 
 class DecisionOut(Out):

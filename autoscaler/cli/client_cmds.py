@@ -401,6 +401,8 @@ def task_why(
         return
     out.print(f"{answer['task_id']}  {answer['state']}  [{answer['code']}]", markup=False, highlight=False)
     out.print(answer["reason"], markup=False, highlight=False)
+    if answer.get("capacity"):
+        out.print(f"capacity: {answer['capacity']['reason']}", markup=False, highlight=False)
 
 
 @app.command()
