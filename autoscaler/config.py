@@ -177,6 +177,12 @@ class PolicyConfig(_Strict):
         "regorus", description="The embedded engine's Rego interpreter (docs/policies.md, 'Engines')."
     )
     dir: str | None = Field(None, description="Policy directory; default: the policies shipped with the package.")
+    data_dir: str | None = Field(
+        None,
+        description="A directory of policy data files (budgets.yaml, placement.yaml, priorities.yaml) that "
+        "replace the policy directory's files of the same name: this deployment's teams, without copying the "
+        "rules. A relative path is taken from the config file's directory.",
+    )
     opa_url: str | None = None
     package: str = "autoscaler"
     timeout_s: float = Field(2.0, gt=0)
@@ -383,6 +389,36 @@ class NotificationsConfig(_Strict):
         return next((c for c in self.channels if c.name == name), None)
 
 
+class CapacityConfig(_Strict):
+    """The per-task choice between spot and on-demand (docs/capacity.md): the priors of
+    its two estimates and what a reclaim costs in waiting."""
+
+    reclaim_prior_per_hour: float = Field(
+        0.24,
+        ge=0,
+        description="Spot reclaims per instance-hour believed before any is observed (the simulator's rate).",
+    )
+    reclaim_prior_hours: float = Field(
+        20.0, ge=0, description="Instance-hours of evidence the prior is worth (0: the data alone)."
+    )
+    reclaim_half_life_h: float = Field(
+        336.0, gt=0, description="Hours after which an observed instance-hour counts half (default 14 days)."
+    )
+    runtime_prior_h: float = Field(
+        1.0, gt=0, description="Median run time (hours) of a task with no declaration and no history."
+    )
+    runtime_prior_sigma: float = Field(1.0, gt=0, description="Spread of ln(run time) in the prior.")
+    runtime_prior_weight: float = Field(2.0, gt=0, description="Runs of history the prior is worth.")
+    boot_s: float = Field(180.0, ge=0, description="Seconds a fresh machine takes to boot and take the task.")
+    wait_target_s: float | None = Field(
+        None,
+        gt=0,
+        description="Wait target (seconds): a task that would miss it on spot after a reclaim gets on-demand; "
+        "None: no target.",
+    )
+    enabled: bool = Field(True, description="False: the pool's capacity-type order alone decides (spot first).")
+
+
 class AutoscalerConfig(_Strict):
     deployment: str = Field("autoscaler", pattern=NAME_RE, description="Owner tag on every instance.")
     database_url: str | None = None
@@ -395,6 +431,7 @@ class AutoscalerConfig(_Strict):
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
 
     @field_validator("teams", "queues", "pools")
     @classmethod
@@ -490,9 +527,15 @@ def parse_config(text: str, source: Path) -> AutoscalerConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     try:
-        return AutoscalerConfig.model_validate(raw)
+        cfg = AutoscalerConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(source, exc)) from None
+    data_dir = cfg.policy.data_dir
+    if data_dir is not None and not Path(data_dir).is_absolute():
+        # Relative to the file, not to wherever the server was started from.
+        policy = cfg.policy.model_copy(update={"data_dir": str(source.parent / data_dir)})
+        cfg = cfg.model_copy(update={"policy": policy})
+    return cfg
 
 
 def load_config(path: Path | None = None, settings: Settings | None = None) -> AutoscalerConfig:

@@ -209,7 +209,7 @@ def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
 
     big = big_input(teams, pools, queues)
     names = [t.name for t in big.teams]
-    bundle = load_bundle(shipped_policy_dir())
+    bundle = load_bundle(shipped_policy_dir(), data_dir=shipped_policy_dir() / "tests" / "fixtures")
     engine = regorus.Engine()
     for rel, source in sorted(bundle.modules.items()):
         engine.add_policy(rel, source)

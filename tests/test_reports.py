@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from autoscaler.cli import _register, app
-from autoscaler.config import parse_config
+from autoscaler.config import load_config, parse_config
 from autoscaler.ledger.spend import accrue, month_to_date
 from autoscaler.reports.focus import COLUMNS, focus_row, from_csv, total
 from autoscaler.reports.spend import spend_lines
@@ -142,14 +142,19 @@ def test_top_once_shows_queues_and_fleet(live_server: LiveServer, admin_token: s
 
 
 def test_budgets_shown_are_this_deployments_teams_only(tmp_path: Path) -> None:
-    """The shipped policy data names example teams (research, interns, prod-inference);
-    a deployment that declares vision and nlp sees only those (issue 23 item 8)."""
+    """The shipped policy data names no team (the demo teams research, interns and
+    prod-inference are the policy tests' fixtures); a deployment that declares vision and
+    nlp sees only those, from its own data (issue 23 item 8)."""
     from autoscaler.reports.budgets import load_budgets, policy_dir, team_budgets
     from tests.web.helpers import budget_config
 
     shipped = parse_config(TEST_CONFIG, Path("test.yaml"))  # policy.dir unset: the shipped policies
-    assert {"research", "interns", "prod-inference"} <= set(load_budgets(policy_dir(shipped)))  # the control
+    assert load_budgets(policy_dir(shipped)) == {}
     assert team_budgets(shipped) == {}  # no default budget there, and neither team is listed
+    fixtures = policy_dir(shipped) / "tests" / "fixtures"
+    assert {"research", "interns", "prod-inference"} <= set(load_budgets(policy_dir(shipped), fixtures))  # control
+    example = load_config(Path(__file__).resolve().parents[1] / "examples" / "local.yaml")
+    assert team_budgets(example) == {"vision": 2000.0, "nlp": 5000.0}  # from examples/policy-data
     doc = {"default": {"monthly_usd": 50}, "teams": {"vision": {"monthly_usd": 100}, "ghost": {"monthly_usd": 9}}}
     config = budget_config(tmp_path / "p", {})
     (tmp_path / "p" / "data" / "budgets.yaml").write_text(yaml.safe_dump(doc))

@@ -130,6 +130,18 @@ class TaskIn(Body):
         "checkpoint_every_s, and restored into the next attempt before it starts.",
     )
     checkpoint_every_s: int | None = Field(None, ge=10, le=7 * 86400)
+    checkpoints: Annotated[str, StringConstraints(max_length=32)] | None = Field(
+        None,
+        description="What the task survives: `none` (a reclaim restarts it from zero), `on-signal` (it "
+        "checkpoints on the reclaim notice) or `every:MIN` (it checkpoints every MIN minutes). Default: none, or "
+        "on-signal with a checkpoint_dir. The planner weighs spot against on-demand with it (docs/capacity.md).",
+    )
+    expected_runtime_s: float | None = Field(
+        None,
+        gt=0,
+        le=365 * 86400,
+        description="How long the task runs, in seconds. Null: estimated from earlier runs of the same command.",
+    )
 
     @field_validator("retry_on_exit_codes")
     @classmethod
@@ -197,6 +209,13 @@ class TaskOut(Out):
     outputs: list[str] | None = None
     checkpoint_dir: str | None = None
     checkpoint_every_s: int | None = None
+    checkpoints: str | None = Field(None, description="none (null), on-signal or every:MIN, as declared.")
+    expected_runtime_s: float | None = Field(None, description="The declared run time (seconds), or null.")
+    runtime_estimate: dict[str, Any] | None = Field(
+        None,
+        description="The run time the planner uses: mean_h, p10_h, p90_h, runs (of history) and source "
+        "(declared, history or prior), made at enqueue.",
+    )
 
 
 class TaskAttemptOut(Out):
@@ -416,6 +435,11 @@ class TaskWhyOut(BaseModel):
     code: str
     reason: str
     details: dict[str, Any]
+    capacity: dict[str, Any] | None = Field(
+        None,
+        description="For a queued task: spot or on-demand as the planner would choose now, with the expected "
+        "costs and the reason (docs/capacity.md).",
+    )
 
 
 class DecisionOut(Out):

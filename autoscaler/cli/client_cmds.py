@@ -197,6 +197,17 @@ def enqueue(
     checkpoint_every: Annotated[
         int | None, typer.Option(help="Also save the checkpoint dir every this many seconds.")
     ] = None,
+    checkpoints: Annotated[
+        str | None,
+        typer.Option(
+            help="What the task survives: none (a reclaim restarts it from zero), on-signal (it checkpoints on "
+            "the reclaim notice; the default with --checkpoint-dir) or every:MIN. Weighs spot against on-demand."
+        ),
+    ] = None,
+    expected_runtime: Annotated[
+        str | None,
+        typer.Option(help="How long it runs, e.g. 45m, 6h; default: estimated from earlier runs of the command."),
+    ] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
@@ -227,6 +238,8 @@ def enqueue(
         outputs=output or None,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every_s=checkpoint_every,
+        checkpoints=checkpoints,
+        expected_runtime_s=parse_duration(expected_runtime) if expected_runtime else None,
         team=team,
     )
     body.update(carry_fields(sdk, code=code, git=git, ref=ref, no_git=no_git, limit_bytes=code_limit, team=team))
@@ -266,6 +279,25 @@ COMMAND_WIDTH = 80  # in the task list; `task show` prints the whole command
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def runtime_line(task: dict[str, Any]) -> str:
+    """What the task survives and how long it is expected to run, as the planner sees it."""
+    checkpoints = task.get("checkpoints") or "none (a reclaim restarts it from zero)"
+    est = task.get("runtime_estimate")
+    if not est:
+        return f"checkpoints: {checkpoints}  run time: not estimated (enqueued before estimates)"
+    mean, lo, hi = (float(est.get(k) or 0.0) for k in ("mean_h", "p10_h", "p90_h"))
+    if est.get("source") == "declared":
+        runtime = f"{_hours(mean)} (declared)"
+    else:
+        basis = f"from {est.get('runs', 0)} earlier run(s)" if est.get("runs") else "the prior: no earlier run"
+        runtime = f"~{_hours(mean)} expected (p10-p90 {_hours(lo)}-{_hours(hi)}, {basis} of this command)"
+    return f"checkpoints: {checkpoints}  run time: {runtime}"
+
+
+def _hours(h: float) -> str:
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
 
 
 def end_text(task: dict[str, Any]) -> str | None:
@@ -317,6 +349,7 @@ def task_show(
     out.print(
         f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}"
     )
+    out.print(runtime_line(task))
     if gpu is not None:
         out.print(gpu_use_line(gpu))
     if task.get("attempt_costs"):
@@ -368,6 +401,8 @@ def task_why(
         return
     out.print(f"{answer['task_id']}  {answer['state']}  [{answer['code']}]", markup=False, highlight=False)
     out.print(answer["reason"], markup=False, highlight=False)
+    if answer.get("capacity"):
+        out.print(f"capacity: {answer['capacity']['reason']}", markup=False, highlight=False)
 
 
 @app.command()

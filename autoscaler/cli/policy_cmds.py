@@ -28,11 +28,20 @@ app.add_typer(policy_app, name="policy")
 
 DirArg = Annotated[Path, typer.Argument(help="Policy directory (*.rego, data/, tests/).")]
 PackageOpt = Annotated[str, typer.Option("--package", help="Rego package whose `decision` is evaluated.")]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Data files that replace DIR/data's of the same name (a deployment's policy.data_dir).",
+    ),
+]
 
 
-def _engine(directory: Path, package: str, *, with_cases: bool) -> tuple[Any, EmbeddedEngine]:
+def _engine(
+    directory: Path, package: str, *, with_cases: bool, data_dir: Path | None = None
+) -> tuple[Any, EmbeddedEngine]:
     try:
-        bundle = load_bundle(directory, with_cases=with_cases)
+        bundle = load_bundle(directory, with_cases=with_cases, data_dir=data_dir)
     except PolicyError as exc:
         if not exc.problems:
             raise
@@ -46,9 +55,9 @@ def _engine(directory: Path, package: str, *, with_cases: bool) -> tuple[Any, Em
 
 
 @policy_app.command("check")
-def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
+def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler", data_dir: DataDirOpt = None) -> None:
     """Compile the policies and flag what the engine would accept too leniently."""
-    bundle, engine = _engine(directory, package, with_cases=False)
+    bundle, engine = _engine(directory, package, with_cases=False, data_dir=data_dir)
     problems = check(bundle, engine)
     for p in problems:
         out.print(str(p), style="red")
@@ -58,9 +67,9 @@ def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
 
 
 @policy_app.command("test")
-def test_cmd(directory: DirArg, package: PackageOpt = "autoscaler") -> None:
+def test_cmd(directory: DirArg, package: PackageOpt = "autoscaler", data_dir: DataDirOpt = None) -> None:
     """Run the table-driven cases in DIR/tests/*.yaml through the real engine."""
-    bundle, engine = _engine(directory, package, with_cases=True)
+    bundle, engine = _engine(directory, package, with_cases=True, data_dir=data_dir)
     report = check_and_test(bundle, engine)
     for p in report.problems:
         out.print(str(p), style="red")
@@ -86,6 +95,7 @@ def eval_cmd(
     input_file: Annotated[Path, typer.Option("--input", help="Policy input, JSON or YAML.")],
     directory: Annotated[Path | None, typer.Option("--dir", help="Policy directory; default: the shipped one.")] = None,
     package: PackageOpt = "autoscaler",
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Print the decision the policies give for one input."""
     try:
@@ -97,7 +107,7 @@ def eval_cmd(
     if not isinstance(raw, dict):
         raise InvalidInput(f"{input_file}: the input must be a mapping (see docs/schemas/policy-input.v1.json)")
     policy_input = complete_input(raw)
-    _, engine = _engine(directory or shipped_policy_dir(), package, with_cases=False)
+    _, engine = _engine(directory or shipped_policy_dir(), package, with_cases=False, data_dir=data_dir)
     problems = engine.compile()
     if problems:
         raise PolicyError("the policy does not compile", problems)

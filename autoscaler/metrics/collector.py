@@ -16,6 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.auth import security
+from autoscaler.config import CapacityConfig
+from autoscaler.ledger.reclaims import reclaim_rates
 from autoscaler.lifecycle import INSTANCE_LISTED, WORKER_LIVE, InstanceState
 from autoscaler.notify.deliver import delivery_counts
 from autoscaler.queueing.queues import queue_stats, visible_queues
@@ -247,8 +249,42 @@ def _alert_families(session: Session, team: str | None) -> Iterator[Metric]:
     yield deliveries
 
 
-def snapshot_families(session: Session, *, now: datetime, spend: list[TeamSpend], team: str | None) -> list[Metric]:
+def _reclaim_families(session: Session, now: datetime, capacity: CapacityConfig) -> Iterator[Metric]:
+    """Each spot offering's observed reclaim rate (ledger.reclaims): a fleet figure that
+    names no team, so every viewer sees it."""
+    labels = ["offering", "instance_type", "zone"]
+    rate = GaugeMetricFamily(
+        "autoscaler_spot_reclaim_rate", "Estimated spot reclaims per instance-hour, per offering.", labels=labels
+    )
+    sd = GaugeMetricFamily(
+        "autoscaler_spot_reclaim_rate_sd", "Standard deviation of the reclaim-rate estimate.", labels=labels
+    )
+    hours = GaugeMetricFamily(
+        "autoscaler_spot_instance_hours", "Spot instance-hours observed, after decay, per offering.", labels=labels
+    )
+    reclaims = GaugeMetricFamily(
+        "autoscaler_spot_reclaims", "Spot reclaims observed, after decay, per offering.", labels=labels
+    )
+    for key, est in sorted(reclaim_rates(session, capacity, now=now).items()):
+        _, itype, zone = key.split("/", 2)
+        values = [key, itype, zone]
+        rate.add_metric(values, est.rate)
+        sd.add_metric(values, est.sd)
+        hours.add_metric(values, est.hours)
+        reclaims.add_metric(values, est.reclaims)
+    yield from (rate, sd, hours, reclaims)
+
+
+def snapshot_families(
+    session: Session,
+    *,
+    now: datetime,
+    spend: list[TeamSpend],
+    team: str | None,
+    capacity: CapacityConfig | None = None,
+) -> list[Metric]:
     return [
+        *(_reclaim_families(session, now, capacity) if capacity is not None and capacity.enabled else ()),
         *_queue_families(session, now, team),
         *_task_families(session, team),
         *_fleet_families(session, team),

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
+from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.policy.schema import Decision
 
 # Every record here is slotted: a 10x snapshot holds ~100,000 of them, and without a
@@ -44,6 +45,10 @@ class DemandGroup:
     # CPUs and memory each task asks for (0: no request).
     cpus: float = 0.0
     memory_mb: int = 0
+    # Expected run time (hours; its quarter-octave class) and what the tasks survive
+    # (none | on-signal | every:MIN; None: none): the capacity choice's input.
+    runtime_h: float | None = None
+    checkpoints: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,9 @@ class PlanInput:
     running_gpus: Mapping[str, int] = field(default_factory=dict)
     # How long a drained worker may finish its tasks before the agent interrupts them.
     drain_deadline_s: float = 300.0
+    # Spot versus on-demand per task by expected cost (planner.capacity_choice); None:
+    # the pool's capacity-type order alone (spot first).
+    capacity: CapacityModel | None = None
 
 
 # ---------------------------------------------------------------- the plan

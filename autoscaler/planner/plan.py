@@ -33,6 +33,7 @@ from autoscaler.admission.model import TeamAdmission, from_decision
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
+from autoscaler.planner.capacity_choice import CapacityModel, Option, choose, expected_cost
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -80,6 +81,8 @@ class _Unit:
     on_demand_first: bool = False  # retried after a spot reclaim: on-demand before spot
     cpus: float = 0.0
     memory_mb: int = 0
+    runtime_h: float | None = None  # expected run time (capacity choice)
+    checkpoints: str | None = None
 
     @property
     def sized(self) -> bool:
@@ -121,6 +124,7 @@ class _Bin:
     answers: list[tuple[str, int]] = field(default_factory=list)
     cpus_free: float | None = None
     mem_free: int | None = None
+    choice: str = ""  # why this capacity type, with the numbers (capacity choice)
 
 
 class _HasFree(Protocol):
@@ -312,6 +316,8 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
             g.after_reclaim,
             g.cpus,
             g.memory_mb,
+            g.runtime_h,
+            g.checkpoints,
         )
         runs.append((unit, g.count))
     return runs
@@ -360,6 +366,7 @@ class _Candidates:
     shape_ok: int
     blocked: int
     type_denied: int
+    choice: str = ""  # the capacity choice's words, when it ranked them
 
 
 class _OfferingChooser:
@@ -369,12 +376,14 @@ class _OfferingChooser:
     first offering the headroom still affords: the best under headroom is the first
     affordable one of the list ranked without it."""
 
-    def __init__(self, type_ok: _TypeMatch) -> None:
+    def __init__(self, type_ok: _TypeMatch, capacity: CapacityModel | None = None) -> None:
         self._type_ok = type_ok
+        self._capacity = capacity
         # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
         # and the two team answers that filter offerings (most teams share them).
         self._memo: dict[
-            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int], _Candidates
+            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int, float | None, str | None],
+            _Candidates,
         ] = {}
         self._biggest: dict[str, int] = {}
 
@@ -417,8 +426,11 @@ class _OfferingChooser:
             )
             # The position breaks exact ties the way a scan keeping the first best does.
             ranked.append((key, i, o))
+        choice = ""
+        if self._capacity is not None and ranked:
+            ranked, choice = _by_expected_cost(ranked, unit, useful_cap, self._capacity, td, pool)
         ranked.sort(key=lambda r: (r[0], r[1]))
-        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied)
+        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied, choice)
 
     def choose(
         self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
@@ -443,13 +455,15 @@ class _OfferingChooser:
             unit.on_demand_first,
             unit.cpus,
             unit.memory_mb,
+            unit.runtime_h,
+            unit.checkpoints,
         )
         cands = self._memo.get(memo_key)
         if cands is None:
             cands = self._memo[memo_key] = self._candidates(pool, unit, td, useful_cap)
         for o in cands.ranked:
             if o.hourly_price <= headroom + 1e-9:
-                return o, ""
+                return o, cands.choice
         shape = "a CPU-only machine"
         if unit.gpus:
             shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
@@ -752,7 +766,7 @@ class _Packer:
         self.bins: list[_Bin] = []
         # Each team's new instances per pool, indexed by free size for first fit.
         self.bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
-        self.chooser = _OfferingChooser(type_ok)
+        self.chooser = _OfferingChooser(type_ok, sc.inp.capacity)
         self.held: Counter[tuple[str, str, str]] = Counter()
         self.held_gpus: Counter[tuple[str, str, str]] = Counter()
         self.want: Counter[tuple[str, str]] = Counter()
@@ -895,6 +909,7 @@ class _Packer:
                 [u.answer],
                 offering.cpus - u.cpus if u.cpus > 0 else offering.cpus,
                 offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb,
+                why,
             )
             index = team_bins.get(pool.name)
             if index is None:
@@ -1039,4 +1054,31 @@ def _launch_reason(b: _Bin) -> str:
     return (
         f"team {b.team}: {len(b.answers)} queued task(s) in {queues} need {what}; "
         f"{b.offering.key} at {b.offering.hourly_price:.2f} USD/h"
-    )
+    ) + (f"; capacity: {b.choice}" if b.choice else "")
+
+
+_Ranked = list[tuple[tuple[float | int | str, ...], int, OfferingView]]
+
+
+def _by_expected_cost(
+    ranked: _Ranked, unit: _Unit, useful_cap: int, capacity: CapacityModel, td: TeamDecision, pool: PoolView
+) -> tuple[_Ranked, str]:
+    """The one place the capacity choice (planner.capacity_choice) enters the plan: the
+    capacity type with the task's least expected cost, among those the policy and the
+    pool allow, goes first, and within a type the offering of least expected cost (a
+    zone with a lower observed reclaim rate before a cheaper, stormier one). The rule
+    "on-demand first after a reclaim" still goes before it for a task that restarts
+    from zero."""
+    profile = capacity.profile(unit.runtime_h, unit.checkpoints)
+    options: dict[str, Option] = {}
+    for _, _, o in ranked:
+        useful = min(o.gpus, useful_cap) if o.gpus else 1
+        options[o.key] = Option(o.key, o.capacity_type, o.hourly_price / max(useful, 1), capacity.rate(o.key))
+    allowed = set(td.allowed_capacity_types) & set(pool.capacity_types)
+    choice = choose(options.values(), profile, allowed, boot_h=capacity.boot_h)
+    out: _Ranked = []
+    for key, i, o in ranked:
+        cost = expected_cost(options[o.key], profile, boot_h=capacity.boot_h).expected_cost
+        escalated = key[0] if profile.checkpointing.restarts_from_zero else 0
+        out.append(((escalated, int(o.capacity_type != choice.capacity_type), cost, *key[1:]), i, o))
+    return out, choice.reason

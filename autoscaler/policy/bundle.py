@@ -8,6 +8,12 @@ Layout (see docs/policies.md):
                           schema (autoscaler/policy/data_schema.py) when it has one
       data/<name>.schema.json  a user's JSON Schema for data/<name>.yaml
       tests/*.yaml        table-driven cases: an input and the expected part of the decision
+      tests/<dir>/*.yaml  data a test file runs on instead (`data_dir: <dir>` in the file)
+
+A deployment's own data may live outside the policy directory (`policy.data_dir` in
+the config, `load_bundle(..., data_dir=)`): its files replace the same-named files of
+`data/`. That is how the example config brings its demo teams without the shipped
+policies naming them in every deployment.
 
 The revision is a content hash of the rules and the data (not the tests): the same
 revision always gives the same decision for the same input, which is what a recorded
@@ -49,6 +55,9 @@ class TestCase:
     absent: tuple[str, ...] = ()  # dotted paths that must not be in the decision
     # How far a number may be from the expected one, relative (absolute below 1).
     tolerance: float = 1e-6
+    # The whole data document this case runs on, when its file or the case itself
+    # changes the bundle's (`data_dir:`, `data:`); None: the bundle's data.
+    data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,15 +91,51 @@ def _structured_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
 
 
-def load_cases(directory: Path) -> list[TestCase]:
+def merge_data(base: Any, over: Any) -> Any:
+    """`over` laid on `base`: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge_data(base.get(key), value)
+        return out
+    return over
+
+
+def _override(rel: str, where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PolicyError(
+            "bad test case",
+            [Problem(rel, None, f"{where}: `data` must map data file names to what to change in them")],
+        )
+    return value
+
+
+def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[TestCase]:
+    """The cases of `directory/tests/*.yaml`. A file may say `data_dir: <dir>` (data
+    files, relative to the test file, that replace the bundle's of the same name) and
+    `data:` (a mapping laid over the data); a case may say `data:` too. `data` is the
+    bundle's data those start from."""
     cases: list[TestCase] = []
     tests = directory / "tests"
+    base = data or {}
     for path in _structured_files(tests):
         rel = str(path.relative_to(directory))
         doc = _read_structured(path, rel)
         items = doc.get("cases") if isinstance(doc, dict) else None
         if not isinstance(items, list):
             raise PolicyError("bad test file", [Problem(rel, 1, "expected a mapping with a `cases:` list")])
+        assert isinstance(doc, dict)
+        file_data: dict[str, Any] | None = None
+        if doc.get("data_dir") is not None:
+            fixtures = (path.parent / str(doc["data_dir"])).resolve()
+            if not fixtures.is_dir():
+                raise PolicyError(
+                    "bad test file",
+                    [Problem(rel, 1, f"data_dir {doc['data_dir']!r} is not a directory next to this file")],
+                )
+            file_data = {**base, **_read_data(directory, fixtures)}
+        if doc.get("data") is not None:
+            file_data = merge_data(file_data or base, _override(rel, "the file", doc["data"]))
         for i, item in enumerate(items):
             if not isinstance(item, dict) or not isinstance(item.get("input"), dict) or "expect" not in item:
                 raise PolicyError(
@@ -110,6 +155,9 @@ def load_cases(directory: Path) -> list[TestCase]:
                         )
                     ],
                 )
+            case_data = file_data
+            if item.get("data") is not None:
+                case_data = merge_data(file_data or base, _override(rel, f"case #{i + 1}", item["data"]))
             cases.append(
                 TestCase(
                     name=str(item.get("name") or f"case {i + 1}"),
@@ -118,13 +166,37 @@ def load_cases(directory: Path) -> list[TestCase]:
                     expect=item["expect"] if isinstance(item["expect"], dict) else {},
                     absent=tuple(str(a) for a in item.get("absent") or ()),
                     tolerance=float(tolerance),
+                    data=case_data,
                 )
             )
     return cases
 
 
-def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
-    """Read a policy directory. Raises PolicyError (with file:line) for unreadable files."""
+def _read_data(directory: Path, data_dir: Path, *, overlay: bool = True) -> dict[str, Any]:
+    """The data files of `data_dir`, each checked against its schema (a schema of the
+    policy directory's, or a shipped one)."""
+    data: dict[str, Any] = {}
+    read: dict[str, tuple[str, str, Any]] = {}
+    for path in _structured_files(data_dir):
+        if path.name.endswith(SCHEMA_SUFFIX):  # a user's schema for a data file, not data
+            continue
+        rel = str(path.relative_to(directory)) if path.is_relative_to(directory) else str(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError("cannot read policy data", [Problem(rel, None, str(exc))]) from None
+        doc = _read_structured(path, rel, text)
+        data[path.stem] = doc if doc is not None else {}
+        read[path.stem] = (rel, text, data[path.stem])
+    problems = validate_data(directory, read, overlay=overlay)
+    if problems:
+        raise PolicyError("policy data does not match its schema", problems)
+    return data
+
+
+def load_bundle(directory: Path, *, with_cases: bool = True, data_dir: Path | None = None) -> PolicyBundle:
+    """Read a policy directory, with `data_dir`'s data files (if any) replacing the
+    same-named ones of `data/`. Raises PolicyError (with file:line) for unreadable files."""
     directory = Path(directory)
     if not directory.is_dir():
         raise PolicyError(f"policy directory {directory} does not exist; pass a directory holding *.rego files")
@@ -137,36 +209,29 @@ def load_bundle(directory: Path, *, with_cases: bool = True) -> PolicyBundle:
             raise PolicyError("cannot read policy", [Problem(rel, None, str(exc))]) from None
     if not modules:
         raise PolicyError(f"policy directory {directory} holds no *.rego files")
-    data: dict[str, Any] = {}
-    read: dict[str, tuple[str, str, Any]] = {}
-    for path in _structured_files(directory / "data"):
-        if path.name.endswith(SCHEMA_SUFFIX):  # a user's schema for a data file, not data
-            continue
-        rel = str(path.relative_to(directory))
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError("cannot read policy data", [Problem(rel, None, str(exc))]) from None
-        doc = _read_structured(path, rel, text)
-        data[path.stem] = doc if doc is not None else {}
-        read[path.stem] = (rel, text, data[path.stem])
-    problems = validate_data(directory, read)
-    if problems:
-        raise PolicyError("policy data does not match its schema", problems)
+    data = _read_data(directory, directory / "data", overlay=False)
+    if data_dir is not None:
+        if not Path(data_dir).is_dir():
+            raise PolicyError(
+                f"policy data directory {data_dir} does not exist; set policy.data_dir to a directory of "
+                "data files (budgets.yaml, placement.yaml, priorities.yaml) or remove it"
+            )
+        data.update(_read_data(directory, Path(data_dir)))
     digest = hashlib.sha256()
     for rel, source in sorted(modules.items()):
         digest.update(rel.encode() + b"\0" + source.encode() + b"\0")
     digest.update(json.dumps(data, sort_keys=True, default=str).encode())
-    cases = load_cases(directory) if with_cases else []
+    cases = load_cases(directory, data) if with_cases else []
     return PolicyBundle(directory=directory, modules=modules, data=data, revision=digest.hexdigest()[:16], cases=cases)
 
 
-def directory_fingerprint(directory: Path) -> str:
+def directory_fingerprint(directory: Path, *more: Path) -> str:
     """Cheap change detector for hot reload: names, sizes and mtimes of every file."""
     digest = hashlib.sha256()
-    if directory.is_dir():
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                st = path.stat()
-                digest.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    for root in (directory, *more):
+        if root.is_dir():
+            for path in sorted(root.rglob("*")):
+                if path.is_file():
+                    st = path.stat()
+                    digest.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()

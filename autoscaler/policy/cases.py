@@ -11,6 +11,7 @@ below 1; default 1e-6). Anything the case does not mention is free.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,7 +175,30 @@ def present(paths: tuple[str, ...], actual: dict[str, Any]) -> list[str]:
 
 
 def check_and_test(bundle: PolicyBundle, engine: EmbeddedEngine) -> Report:
+    """Check the bundle, then run its cases: first those on the bundle's own data, then
+    each group of cases that brings other data (loaded once per group), in file order
+    within a group; the engine ends with the bundle's data loaded again."""
     report = Report(revision=bundle.revision, problems=check(bundle, engine))
-    if not report.problems:
-        report.results = [run_case(engine, case) for case in bundle.cases]
+    if report.problems:
+        return report
+    results: dict[int, CaseResult] = {}
+    groups: dict[str, list[int]] = {}
+    for i, case in enumerate(bundle.cases):
+        if case.data is None:
+            results[i] = run_case(engine, case)
+        else:
+            groups.setdefault(json.dumps(case.data, sort_keys=True, default=str), []).append(i)
+    for indices in groups.values():
+        data = bundle.cases[indices[0]].data
+        assert data is not None
+        problems = engine.load_data(data)
+        for i in indices:
+            results[i] = (
+                run_case(engine, bundle.cases[i])
+                if not problems
+                else CaseResult(bundle.cases[i], [f"the case's data cannot be loaded: {p}" for p in problems])
+            )
+    if groups:
+        report.problems = engine.compile()
+    report.results = [results[i] for i in range(len(bundle.cases))]
     return report

@@ -346,11 +346,13 @@ def _tier_problems(rel: str, text: str, doc: Any) -> list[Problem]:
     return problems
 
 
-def validate_data(directory: Path, files: dict[str, tuple[str, str, Any]]) -> list[Problem]:
+def validate_data(directory: Path, files: dict[str, tuple[str, str, Any]], *, overlay: bool = False) -> list[Problem]:
     """Problems of the data files against their schemas.
 
     `files` maps a data name (`budgets`) to (path relative to the directory, text,
     parsed document). User schemas are read from `directory/data/*.schema.json`.
+    `overlay`: `files` replace only some of `data/` (a deployment's or a test's data
+    directory), so a schema without a file among them is no problem.
     """
     problems: list[Problem] = []
     user: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -377,6 +379,8 @@ def validate_data(directory: Path, files: dict[str, tuple[str, str, Any]]) -> li
             problems.append(Problem(rel, None, f"not a valid JSON Schema: {where + ': ' if where else ''}{first}"))
             continue
         if name not in files:
+            if overlay:
+                continue
             problems.append(Problem(rel, None, f"no data file data/{name}.yaml (or .yml, .json) to apply it to"))
             continue
         user[name] = (rel, schema)

@@ -131,6 +131,17 @@ class EmbeddedEngine:
             return [Problem("(engine)", None, str(exc))]
         return []
 
+    def load_data(self, data: dict[str, Any]) -> list[Problem]:
+        """Load the bundle's rules with other data (a test case's); `compile()` puts the
+        bundle's own data back."""
+        try:
+            self.backend.load(self.bundle.modules, data, self._entrypoint)
+        except RegoFailure as exc:
+            return exc.problems
+        except EngineUnavailable as exc:
+            return [Problem("(engine)", None, str(exc))]
+        return []
+
     def raw(self, doc: dict[str, Any]) -> Any:
         """The decision document as the policy wrote it (raises RegoFailure/EngineUnavailable)."""
         value, _ = self.backend.evaluate(doc)

@@ -63,6 +63,18 @@ class QueueInput(_Model):
     )
 
 
+class SpotOfferingInput(_Model):
+    """One spot offering of a pool and its observed reclaim rate (the ledger's estimate:
+    a prior from config, old evidence decaying; docs/capacity.md)."""
+
+    instance_type: str
+    zone: str | None = None
+    reclaim_rate_per_hour: float = Field(ge=0, description="Estimated reclaims per instance-hour.")
+    reclaim_rate_sd: float = Field(0.0, ge=0, description="Its standard deviation (inf: no evidence, no prior).")
+    instance_hours: float = Field(0.0, ge=0, description="Spot instance-hours observed, after decay.")
+    reclaims: float = Field(0.0, ge=0, description="Reclaims observed among them, after decay.")
+
+
 class PoolInput(_Model):
     """One pool of machines and what its capacity costs."""
 
@@ -81,6 +93,9 @@ class PoolInput(_Model):
     )
     hourly_prices: dict[str, float] = Field(
         default_factory=dict, description='USD/h keyed "<instance_type>/<capacity_type>" ("g5.xlarge/spot").'
+    )
+    spot_offerings: list[SpotOfferingInput] = Field(
+        default_factory=list, description="The pool's spot offerings with their observed reclaim rates."
     )
 
 

@@ -61,6 +61,7 @@ class PolicyService:
         self.clock = clock or SystemClock()
         self.isolate = isolate
         self.directory = Path(config.dir) if config.dir else shipped_policy_dir()
+        self.data_dir = Path(config.data_dir) if config.data_dir else None
         self._lock = threading.Lock()
         self._engine: EmbeddedEngine | OpaEngine
         self.loaded_at: datetime | None = None
@@ -108,9 +109,9 @@ class PolicyService:
 
     def _prepare(self) -> tuple[ReloadOutcome, EmbeddedEngine | None]:
         """Load, compile, lint and test the directory in a fresh engine."""
-        self._fingerprint = directory_fingerprint(self.directory)
+        self._fingerprint = self._current_fingerprint()
         try:
-            bundle = load_bundle(self.directory)
+            bundle = load_bundle(self.directory, data_dir=self.data_dir)
         except PolicyError as exc:
             return ReloadOutcome(False, self._current_revision(), None, exc.message), None
         engine = EmbeddedEngine(
@@ -157,9 +158,13 @@ class PolicyService:
         """The file watch: reload when the directory changed since the last attempt."""
         if isinstance(self._engine, OpaEngine):
             return None
-        if directory_fingerprint(self.directory) == self._fingerprint:
+        if self._current_fingerprint() == self._fingerprint:
             return None
         return self.reload()
+
+    def _current_fingerprint(self) -> str:
+        # The data directory is watched too: FinOps edit budgets there.
+        return directory_fingerprint(self.directory, *([self.data_dir] if self.data_dir else []))
 
     def status(self) -> dict[str, Any]:
         return {
@@ -167,6 +172,7 @@ class PolicyService:
             "isolated": self.isolate if self.config.engine == "embedded" else None,
             "interpreter": self.config.interpreter if self.config.engine == "embedded" else None,
             "directory": str(self.directory) if self.config.engine == "embedded" else None,
+            "data_dir": str(self.data_dir) if self.data_dir and self.config.engine == "embedded" else None,
             "opa_url": self.config.opa_url if self.config.engine == "opa" else None,
             "package": self.config.package,
             "revision": self.revision,

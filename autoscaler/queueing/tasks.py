@@ -29,6 +29,8 @@ from autoscaler.admission.shapes import Catalog
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
 from autoscaler.lifecycle import WORKER_LEASABLE, WorkerState
+from autoscaler.planner.runtime_estimate import RuntimePrior
+from autoscaler.queueing import runtime_history
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_worker, transition
 from autoscaler.state.models import Instance, QueueRow, Snapshot, Task, TaskEvent, TaskLog, Worker, new_id
 
@@ -78,6 +80,10 @@ class TaskSpec:
     outputs: Sequence[str] = ()
     checkpoint_dir: str | None = None
     checkpoint_every_s: int | None = None
+    # What it survives (none | on-signal | every:MIN; None: none, or on-signal with a
+    # checkpoint_dir) and how long it runs (None: estimated from earlier runs).
+    checkpoints: str | None = None
+    expected_runtime_s: float | None = None
 
 
 def validate_task_path(what: str, path: str) -> str:
@@ -153,6 +159,7 @@ def enqueue(
     now: datetime,
     shapes: Catalog | None = None,
     secret_keys: SecretKeys | None = None,
+    runtime_prior: RuntimePrior | None = None,
 ) -> Task:
     """Queue a task. With `shapes` (the config's catalog; the API passes it), a task
     that no pool of its queue could ever run is refused with the largest shape there.
@@ -192,6 +199,16 @@ def enqueue(
         raise InvalidInput(
             "code, setup, outputs and checkpoint_dir work in the task's own directory; drop working_dir to use them"
         )
+    runtime = runtime_history.settle(
+        session,
+        team=team,
+        queue=spec.queue,
+        command=spec.command,
+        checkpoints=spec.checkpoints,
+        checkpoint_dir=checkpoint_dir,
+        expected_runtime_s=spec.expected_runtime_s,
+        prior=runtime_prior or RuntimePrior(),
+    )
     task_id = new_id()
     task = Task(
         id=task_id,
@@ -216,6 +233,11 @@ def enqueue(
         outputs=outputs or None,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every_s=spec.checkpoint_every_s,
+        checkpoints=runtime.checkpoints,
+        expected_runtime_s=runtime.expected_runtime_s,
+        command_key=runtime.command_key,
+        runtime_estimate=runtime.estimate.as_dict(),
+        runtime_class_s=runtime.runtime_class_s,
         state=TaskState.QUEUED.value,
         sort_key=now,
         created_at=now,

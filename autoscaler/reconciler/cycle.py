@@ -49,11 +49,16 @@ from autoscaler.admission.model import admissions
 from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
+from autoscaler.ledger.reclaims import reclaim_rates
 from autoscaler.ledger.spend import shared_pools
 from autoscaler.lifecycle import INSTANCE_FINAL, WORKER_LEASABLE, WORKER_LIVE
 from autoscaler.planner import Plan, plan
+from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.planner.model import Launch, OfferingView
+from autoscaler.planner.reclaim_rate import ReclaimEstimate
+from autoscaler.planner.runtime_estimate import estimate as runtime_estimate
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
+from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expel_impostors, expire_silent_workers, interruption_notice
 from autoscaler.reconciler import sync
@@ -82,6 +87,8 @@ from providers.base import (
 )
 
 log = logging.getLogger(__name__)
+# How often the reclaim evidence (ledger.reclaims) is re-read, in clock seconds.
+RECLAIM_REFRESH_S = 300.0
 S = InstanceState
 OFFERINGS_TTL_S = 600.0
 # Renders the user-data for one launch (creating its one-time join token in `session`).
@@ -163,6 +170,8 @@ class Reconciler:
         self._static_silent: dict[str, frozenset[str]] = {}
         self._last_history: datetime | None = None
         self._last_accrual: datetime | None = None
+        self._reclaim: dict[str, ReclaimEstimate] = {}
+        self._reclaim_at: datetime | None = None
         # Where provider calls run: at once in this thread (the default: the simulator and
         # most tests), or on bounded thread pools reporting back (`autoscaler up`).
         self.executor: Executor = executor or SyncExecutor()
@@ -243,7 +252,24 @@ class Reconciler:
     def observe(self, now: datetime) -> Snapshot:
         pool_state = {name: PoolState(st.offerings, st.backoff_until) for name, st in self._state.items()}
         with self.sessions() as s:
-            return observe(s, self.config, now=now, pool_state=pool_state)
+            snap = observe(s, self.config, now=now, pool_state=pool_state)
+            cap = self.config.capacity
+            if not cap.enabled:
+                return snap
+            # Reclaim evidence changes slowly (it decays over days): re-read it every
+            # RECLAIM_REFRESH_S, not every cycle, so a large fleet's history costs one
+            # query per few minutes.
+            if self._reclaim_at is None or (now - self._reclaim_at).total_seconds() >= RECLAIM_REFRESH_S:
+                self._reclaim = reclaim_rates(s, cap, now=now)
+                self._reclaim_at = now
+        model = CapacityModel(
+            {k: e.rate for k, e in self._reclaim.items()},
+            cap.reclaim_prior_per_hour,
+            cap.boot_s / 3600.0,
+            cap.wait_target_s / 3600.0 if cap.wait_target_s else None,
+            runtime_estimate([], runtime_prior(cap)).mean_h,  # a task from before estimates
+        )
+        return replace(snap, reclaim=dict(self._reclaim), capacity=model)
 
     def evaluate(self, snap: Snapshot) -> EvaluationResult:
         pin = _with_static_capacity(policy_input(snap, self.config), snap)

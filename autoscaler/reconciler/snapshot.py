@@ -8,6 +8,7 @@ cost a few rows; workers' load comes from one GROUP BY over active tasks.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
 from autoscaler.lifecycle import INSTANCE_LIVE, INSTANCE_OPEN, INSTANCE_RUNNING, TASK_ACTIVE, WORKER_LIVE
+from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.planner.model import (
     DemandGroup,
     InstanceView,
@@ -30,7 +32,8 @@ from autoscaler.planner.model import (
     QueueView,
     WorkerView,
 )
-from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
+from autoscaler.planner.reclaim_rate import ReclaimEstimate
+from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, SpotOfferingInput, TeamInput
 from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
 
 ACTIVE_TASK_STATES = TASK_ACTIVE
@@ -52,6 +55,10 @@ class Snapshot:
     month_to_date: Mapping[str, float]
     burn: Mapping[str, float]
     pending_gpus: Mapping[str, int] = field(default_factory=dict)
+    # Each spot offering's observed reclaim rate (ledger.reclaims), and the model the
+    # planner weighs spot against on-demand with (None: the pool order alone).
+    reclaim: Mapping[str, ReclaimEstimate] = field(default_factory=dict)
+    capacity: CapacityModel | None = None
 
     def plan_input(self, decision: Decision, *, drain_deadline_s: float = 300.0) -> PlanInput:
         return PlanInput(
@@ -64,6 +71,7 @@ class Snapshot:
             decision,
             self.running_gpus,
             drain_deadline_s,
+            self.capacity,
         )
 
     def summary(self) -> dict[str, object]:
@@ -297,6 +305,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
             max_instances=p.max_instances,
             current_instances=live.get(p.name, 0),
             hourly_prices={f"{o.instance_type}/{o.capacity_type}": o.hourly_price for o in p.offerings},
+            spot_offerings=_spot_offerings(snap, p),
         )
         for p in snap.pools
     ]
@@ -319,8 +328,10 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
 
 
 # A demand row: queue, team, gpus, gpu_type, priority, after_reclaim, cpus, memory_mb,
-# as stored (None kept apart from 0, as the GROUP BY kept them).
-_DemandKey = tuple[str, str, int | None, str | None, int | None, bool, float | None, int | None]
+# run-time class, checkpoints, as stored (None kept apart from 0, as the GROUP BY kept them).
+_DemandKey = tuple[
+    str, str, int | None, str | None, int | None, bool, float | None, int | None, float | None, str | None
+]
 
 
 def _null_first(v: object) -> tuple[bool, object]:
@@ -339,6 +350,8 @@ def demand_query() -> Select[*tuple[Any, ...]]:
             Task.priority,
             Task.cpus,
             Task.memory_mb,
+            Task.runtime_class_s,
+            Task.checkpoints,
             Task.end_reason,
             func.count(),
             func.min(Task.sort_key),
@@ -353,6 +366,8 @@ def demand_query() -> Select[*tuple[Any, ...]]:
             Task.priority,
             Task.cpus,
             Task.memory_mb,
+            Task.runtime_class_s,
+            Task.checkpoints,
             Task.end_reason,
         )
     )
@@ -370,10 +385,10 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
     part of the plan, and an explicit sort makes it the same on PostgreSQL too."""
     counts: dict[_DemandKey, int] = {}
     oldest_of: dict[_DemandKey, datetime | None] = {}
-    for queue, team, gpus, gpu_type, priority, cpus, memory_mb, end_reason, n, oldest in session.execute(
-        demand_query()
-    ):
-        key = (queue, team, gpus, gpu_type, priority, end_reason == "interrupted:spot", cpus, memory_mb)
+    for row in session.execute(demand_query()):
+        queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason, n, oldest = row
+        reclaimed = end_reason == "interrupted:spot"
+        key = (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
         if key not in counts:
             counts[key], oldest_of[key] = int(n), oldest
         else:
@@ -383,7 +398,7 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
                 oldest_of[key] = oldest
     groups = []
     for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k)):
-        q, t, g, gt, prio, reclaimed, c, mem = shape
+        q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints = shape
         groups.append(
             DemandGroup(
                 q,
@@ -396,9 +411,35 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
                 reclaimed,
                 float(c or 0.0),
                 int(mem or 0),
+                float(runtime_s) / 3600.0 if runtime_s else None,
+                checkpoints,
             )
         )
     return tuple(groups)
+
+
+def _spot_offerings(snap: Snapshot, pool: PoolView) -> list[SpotOfferingInput]:
+    """The pool's spot offerings with the ledger's reclaim estimates (the prior's rate
+    for one never seen, with no evidence)."""
+    prior = snap.capacity.prior_rate if snap.capacity is not None else None
+    out: list[SpotOfferingInput] = []
+    for o in pool.offerings:
+        if o.capacity_type != "spot":
+            continue
+        est = snap.reclaim.get(o.key)
+        if est is None and prior is None:
+            continue
+        out.append(
+            SpotOfferingInput(
+                instance_type=o.instance_type,
+                zone=o.zone,
+                reclaim_rate_per_hour=est.rate if est else prior or 0.0,
+                reclaim_rate_sd=est.sd if est and math.isfinite(est.sd) else 0.0,
+                instance_hours=est.hours if est else 0.0,
+                reclaims=est.reclaims if est else 0.0,
+            )
+        )
+    return out
 
 
 def _preempted_reasons(session: Session, ids: list[str]) -> dict[str, str]:

@@ -48,13 +48,20 @@ def _teams_section(doc: Any) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
-def load_budgets(directory: Path) -> dict[str, float]:
-    """Team -> monthly budget in USD, from every YAML/JSON file under `directory/data`."""
+def _data_files(directory: Path) -> dict[str, Path]:
+    if not directory.is_dir():
+        return {}
+    return {p.stem: p for p in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml"), *directory.glob("*.json")])}
+
+
+def load_budgets(directory: Path, data_dir: Path | None = None) -> dict[str, float]:
+    """Team -> monthly budget in USD, from every YAML/JSON file under `directory/data`,
+    those of `data_dir` (the deployment's `policy.data_dir`) replacing the same-named."""
     budgets: dict[str, float] = {}
-    data_dir = directory / "data"
-    if not data_dir.is_dir():
-        return budgets
-    for path in sorted([*data_dir.glob("*.yaml"), *data_dir.glob("*.yml"), *data_dir.glob("*.json")]):
+    files = _data_files(directory / "data")
+    if data_dir is not None:
+        files.update(_data_files(data_dir))
+    for path in (files[name] for name in sorted(files)):
         try:
             doc = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
@@ -73,10 +80,11 @@ def load_budgets(directory: Path) -> dict[str, float]:
 def team_budgets(config: AutoscalerConfig) -> dict[str, float]:
     """Budget per team this deployment declares; the default budget fills those not listed.
 
-    Teams the policy data lists but `autoscaler.yaml` does not (the shipped policy's
-    example teams, a team since removed) are left out: a spend table shows this
+    Teams the policy data lists but `autoscaler.yaml` does not (a team since removed,
+    a copied example) are left out: a spend table shows this
     deployment's teams, not every name in a policy file."""
-    listed = load_budgets(policy_dir(config))
+    data_dir = Path(config.policy.data_dir) if config.policy.data_dir else None
+    listed = load_budgets(policy_dir(config), data_dir)
     default = listed.pop(DEFAULT, None)
     budgets: dict[str, float] = {}
     for team in config.teams:

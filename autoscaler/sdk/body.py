@@ -1,7 +1,8 @@
 """The JSON body of `POST /api/v1/tasks`, built from typed arguments.
 
 The fields every server knows are always sent. The fields of code-carrying tasks
-(`image`, `code`, `setup`, `outputs`, checkpoints) are sent only when set, so a task
+(`image`, `code`, `setup`, `outputs`, checkpoints, the expected run time) are sent
+only when set, so a task
 that does not use them enqueues on a server that does not know them yet (such a
 server answers 422 for a field it does not know).
 """
@@ -37,6 +38,8 @@ def task_body(
     outputs: Sequence[str] | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every_s: int | None = None,
+    checkpoints: str | None = None,
+    expected_runtime_s: float | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "queue": queue,
@@ -62,6 +65,8 @@ def task_body(
         "outputs": None if outputs is None else list(outputs),
         "checkpoint_dir": checkpoint_dir,
         "checkpoint_every_s": checkpoint_every_s,
+        "checkpoints": checkpoints,
+        "expected_runtime_s": expected_runtime_s,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body

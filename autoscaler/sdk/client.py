@@ -74,6 +74,8 @@ class Client:
         outputs: Sequence[str] | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every_s: int | None = None,
+        checkpoints: str | None = None,
+        expected_runtime_s: float | None = None,
     ) -> Task:
         """Enqueue `command` (argv, no shell) and return its handle. The options are the
         CLI's `enqueue` options; see docs/sdk.md for each."""
@@ -102,6 +104,8 @@ class Client:
             outputs=outputs,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every_s=checkpoint_every_s,
+            checkpoints=checkpoints,
+            expected_runtime_s=expected_runtime_s,
         )
         return self.task(self.submit_raw(body)["id"])
 

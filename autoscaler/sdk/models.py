@@ -72,6 +72,11 @@ class TaskInfo(_Reply):
     finished_at: datetime | None = None
     cost_usd: float = 0.0
     gpu_hours: float = 0.0
+    # What it survives (None: none), its declared run time (seconds) and the run-time
+    # estimate the planner uses (mean_h, p10_h, p90_h, runs, source).
+    checkpoints: str | None = None
+    expected_runtime_s: float | None = None
+    runtime_estimate: dict[str, Any] | None = None
     events: list[TaskEvent] = Field(default_factory=list)
 
     @property
@@ -95,6 +100,8 @@ class WhyAnswer(_Reply):
     code: str
     reason: str
     details: dict[str, Any] = Field(default_factory=dict)
+    # Spot or on-demand as the planner would choose now, with the numbers (queued only).
+    capacity: dict[str, Any] | None = None
 
 
 class Artifact(_Reply):

@@ -209,6 +209,16 @@ class Task(Base):
     outputs: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     checkpoint_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     checkpoint_every_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # What the task survives (none | on-signal | every:MIN; NULL: none) and how long it
+    # says it runs (NULL: not declared). `command_key` (a digest of the command) finds
+    # earlier runs of the same work; `runtime_estimate` is the estimate made at enqueue
+    # (autoscaler.planner.runtime_estimate) and `runtime_class_s` its mean rounded to a
+    # quarter-octave, what the planner groups demand by (docs/capacity.md).
+    checkpoints: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    expected_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    command_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    runtime_estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    runtime_class_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Lease order within equal priorities; a requeued interrupted task keeps its
     # original sort key so it goes back to the head of its queue, a retried failed one
     # gets the time of its failure (behind the work already waiting).
@@ -223,7 +233,7 @@ class Task(Base):
         Index("ix_tasks_team_state", "team", "state"),
         Index("ix_tasks_worker", "worker_id"),
         # The snapshot's demand query (GROUP BY shape over queued tasks) reads only
-        # this index, in its order: no table lookup, no sort (migration 0014).
+        # this index, in its order: no table lookup, no sort (migrations 0014, 0015).
         Index(
             "ix_tasks_demand",
             "state",
@@ -235,9 +245,12 @@ class Task(Base):
             "priority",
             "cpus",
             "memory_mb",
+            "runtime_class_s",
+            "checkpoints",
             "end_reason",
             "sort_key",
         ),
+        Index("ix_tasks_history", "team", "queue", "command_key", "state"),
     )
 
 

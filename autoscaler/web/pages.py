@@ -279,6 +279,8 @@ def fleet(request: Request, ctx: Ctx, all: str | None = None) -> Response:
             show_all=all == "1",
             instances=views.instances(s, team, now, include_terminated=all == "1"),
             workers=views.unattached_workers(s, team),
+            reclaims=views.reclaim_rates(s, ctx.config.capacity, now),
+            reclaim_prior=ctx.config.capacity.reclaim_prior_per_hour,
         )
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.config import CapacityConfig
+from autoscaler.ledger import reclaims as ledger_reclaims
 from autoscaler.lifecycle import INSTANCE_LISTED, TASK_ACTIVE, TASK_ATTEMPT_ENDED, WORKER_LIVE
 from autoscaler.queueing.queues import queue_stats, visible_queues
 from autoscaler.queueing.states import TaskState
@@ -101,6 +103,23 @@ def fleet_groups(session: Session, team: str | None) -> list[FleetGroup]:
         column = FLEET_COLUMNS[state]
         setattr(g, column, getattr(g, column) + n)
     return [groups[k] for k in sorted(groups)]
+
+
+@dataclass(frozen=True)
+class ReclaimRow:
+    offering: str
+    rate: float
+    sd: float
+    hours: float
+    reclaims: float
+
+
+def reclaim_rates(session: Session, capacity: CapacityConfig, now: datetime) -> list[ReclaimRow]:
+    """Each spot offering's observed reclaim rate (a fleet figure naming no team)."""
+    if not capacity.enabled:
+        return []
+    found = ledger_reclaims.reclaim_rates(session, capacity, now=now)
+    return [ReclaimRow(k, e.rate, e.sd, e.hours, e.reclaims) for k, e in sorted(found.items())]
 
 
 def tasks(

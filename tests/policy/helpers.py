@@ -8,11 +8,19 @@ from pathlib import Path
 from autoscaler.policy.bundle import shipped_policy_dir
 
 NOW = "2026-03-16T00:00:00Z"
+# The demo teams (research, interns, prod-inference) the shipped cases run on; the
+# shipped data/ names no team.
+DEMO_DATA = shipped_policy_dir() / "tests" / "fixtures"
 
 
-def copy_policies(tmp_path: Path) -> Path:
+def copy_policies(tmp_path: Path, *, demo: bool = True) -> Path:
+    """A private copy of the shipped policies; with `demo`, its data/ is the demo data
+    the shipped cases run on (so a test may edit budgets.yaml by its line numbers)."""
     target = tmp_path / "policies"
     shutil.copytree(shipped_policy_dir(), target)
+    if demo:
+        for path in DEMO_DATA.glob("*.yaml"):
+            shutil.copy(path, target / "data" / path.name)
     return target
 
 

@@ -157,7 +157,9 @@ def test_reload_refuses_a_policy_that_fails_its_own_test_cases(tmp_path):
     service = _service(directory, ManualClock())
     try:
         good = service.revision
-        budgets = directory / "data" / "budgets.yaml"
+        # The cases run on their fixture data (tests/fixtures): a budget changed there
+        # makes the budget cases fail.
+        budgets = directory / "tests" / "fixtures" / "budgets.yaml"
         budgets.write_text(budgets.read_text().replace("monthly_usd: 20000", "monthly_usd: 25000"))
         outcome = service.reload()
         assert not outcome.ok and service.revision == good

@@ -7,8 +7,9 @@ import pytest
 from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
 from autoscaler.policy.cases import check, check_and_test, complete_input, mismatches, run_case
 from autoscaler.policy.engines import EmbeddedEngine
+from tests.policy.helpers import DEMO_DATA
 
-BUNDLE = load_bundle(shipped_policy_dir())
+BUNDLE = load_bundle(shipped_policy_dir(), data_dir=DEMO_DATA)
 
 
 @pytest.fixture(scope="module")

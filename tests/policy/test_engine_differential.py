@@ -30,9 +30,9 @@ from autoscaler.policy.cases import complete_input
 from autoscaler.policy.engines import EmbeddedEngine, input_document, to_decision
 from autoscaler.policy.interpreters import make_runtime
 from autoscaler.policy.rego import RegoFailure
-from tests.policy.helpers import NOW
+from tests.policy.helpers import DEMO_DATA, NOW
 
-BUNDLE = load_bundle(shipped_policy_dir())
+BUNDLE = load_bundle(shipped_policy_dir(), data_dir=DEMO_DATA)
 TEAMS = ["research", "prod-inference", "interns", "vision", "nlp"]  # the last two are in no data file
 POOLS = ["onprem-a100", "onprem-h100", "aws-a100", "aws-t4", "gcp-a100", "azure-a100", "aws-eu"]
 REGIONS = ["local", "us-east-1", "eu-west-1", "europe-west4", "westeurope"]

@@ -20,12 +20,12 @@ from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
 from autoscaler.policy.cases import complete_input
 from autoscaler.policy.engines import OpaEngine
 from autoscaler.policy.rego import RegoRuntime
-from tests.policy.helpers import NOW
+from tests.policy.helpers import DEMO_DATA, NOW
 
 
 class OpaDouble:
     def __init__(self) -> None:
-        bundle = load_bundle(shipped_policy_dir(), with_cases=False)
+        bundle = load_bundle(shipped_policy_dir(), with_cases=False, data_dir=DEMO_DATA)
         self.rego = RegoRuntime()
         self.rego.load(bundle.modules, bundle.data, "autoscaler/decision")
         self.mode = "ok"

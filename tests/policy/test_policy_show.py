@@ -34,6 +34,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def test_policy_show_names_the_policy_in_force(tmp_path: Path) -> None:
     cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
     port = free_port()
     cfg["server"]["port"] = port
     cfg["reconcile"]["interval_s"] = 600  # no cycle needed

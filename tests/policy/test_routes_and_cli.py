@@ -14,7 +14,7 @@ from autoscaler.config import PolicyConfig
 from autoscaler.policy.schema import export_schemas
 from autoscaler.policy.service import PolicyService
 from tests.conftest import issue_token
-from tests.policy.helpers import NOW, copy_policies, write_module
+from tests.policy.helpers import DEMO_DATA, NOW, copy_policies, write_module
 
 _register()
 runner = CliRunner()
@@ -73,7 +73,7 @@ def test_cli_check_and_test_pass_on_the_shipped_policies(tmp_path):
 
 def test_cli_test_prints_the_failing_case_and_exits_non_zero(tmp_path):
     directory = copy_policies(tmp_path)
-    budgets = directory / "data" / "budgets.yaml"
+    budgets = directory / "tests" / "fixtures" / "budgets.yaml"  # the data the cases run on
     budgets.write_text(budgets.read_text().replace("kind: hard\n  prod", "kind: soft\n  prod", 1))
     r = runner.invoke(app, ["policy", "test", str(directory)])
     assert r.exit_code != 0
@@ -91,10 +91,13 @@ def test_cli_check_reports_file_and_line(tmp_path):
 def test_cli_eval_prints_the_decision(tmp_path):
     path = tmp_path / "input.yaml"
     path.write_text(json.dumps({"now": NOW, "teams": [{"name": "interns", "running_gpus": 1}]}))
-    r = runner.invoke(app, ["policy", "eval", "--input", str(path)])
+    r = runner.invoke(app, ["policy", "eval", "--input", str(path), "--data-dir", str(DEMO_DATA)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["decision"]["teams"]["interns"]["allowed_capacity_types"] == ["spot"]
+    # Without the demo data no team is spot-only.
+    r = runner.invoke(app, ["policy", "eval", "--input", str(path)])
+    assert json.loads(r.output)["decision"]["teams"]["interns"]["allowed_capacity_types"] == ["spot", "on_demand"]
     assert len(out["revision"]) == 16 and len(out["input_digest"]) == 32
 
 

@@ -36,7 +36,8 @@ def policy_service(tmp: Path | None = None, extra_budgets: str = "") -> PolicySe
     target = tmp / "policies"
     shutil.copytree(shipped_policy_dir(), target)
     budgets = target / "data" / "budgets.yaml"
-    budgets.write_text(budgets.read_text() + extra_budgets)
+    # The shipped file names no team (`teams: {}`): the extra entries go under `teams:`.
+    budgets.write_text(budgets.read_text().replace("teams: {}", "teams:") + extra_budgets)
     return PolicyService(PolicyConfig(dir=str(target)), isolate=False)
 
 

@@ -32,6 +32,7 @@ def _until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> 
 
 def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) -> None:
     cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
     port = free_port()
     cfg["server"]["port"] = port
     for pool in cfg["pools"]:
@@ -123,6 +124,7 @@ def _pid_alive(pid: int) -> bool:
 
 def test_ctrl_c_on_up_stops_every_local_agent_it_started(tmp_path: Path) -> None:
     cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
     port = free_port()
     cfg["server"]["port"] = port
     cfg["reconcile"]["interval_s"] = 2

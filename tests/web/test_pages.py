@@ -13,7 +13,7 @@ from autoscaler.admission.model import admissions
 from autoscaler.policy.schema import Decision, TeamDecision
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.state.db import transaction
-from autoscaler.state.models import DecisionRecord, HistoryPoint
+from autoscaler.state.models import DecisionRecord, HistoryPoint, Instance, InstanceEvent
 from tests.conftest import LiveServer, issue_token
 from tests.web.helpers import Agent, add_instance
 
@@ -146,3 +146,24 @@ def test_task_page_lists_artifacts_with_sizes_and_digests_for_its_team_only(live
     assert "ckpt" in page
     other = _session(url, issue_token(ctx, "team", team="nlp")).get(f"/tasks/{task_id}")
     assert other.status_code == 404 and digest not in other.text
+
+
+def test_the_fleet_page_shows_observed_reclaim_rates(live_server: LiveServer, admin_token: str) -> None:
+    ctx, url = live_server.ctx, live_server.url
+    now = ctx.clock.now()
+    http = _session(url, admin_token)
+    assert "no spot instance observed yet" in http.get("/fleet").text
+    inst = add_instance(ctx, team="vision", now=now, state="terminated")
+    with transaction(ctx.sessions) as s:
+        row = s.get(Instance, inst)
+        assert row is not None
+        row.launched_at, row.terminated_at = now - timedelta(hours=2), now
+        s.add(InstanceEvent(instance_id=inst, at=now, from_state="ready", to_state="preempted", reason="spot"))
+    page = http.get("/fleet").text
+    assert 'data-offering="spot/g.1/-"' in page
+    # (0.24 x 20 + 1) / (20 + 2) = 0.264, from 2 instance-hours and 1 reclaim.
+    row_html = page.split('data-offering="spot/g.1/-"', 1)[1].split("</tr>", 1)[0]
+    assert "0.264" in row_html and "2.0" in row_html and "1.0" in row_html
+    # A team sees it too: a fleet figure naming no team.
+    vision = _session(url, issue_token(ctx, "team", team="vision"))
+    assert 'data-offering="spot/g.1/-"' in vision.get("/fleet").text

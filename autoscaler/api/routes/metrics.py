@@ -39,7 +39,7 @@ def metrics(auth: Auth, ctx: Ctx) -> Response:
             only_team=team,
             shared=shared_pools(ctx.config),
         )
-        families = snapshot_families(s, now=now, spend=spend, team=team)
+        families = snapshot_families(s, now=now, spend=spend, team=team, capacity=ctx.config.capacity)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(families))
     body = generate_latest(registry)

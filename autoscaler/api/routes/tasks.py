@@ -29,6 +29,8 @@ from autoscaler.errors import Forbidden, NotFound
 from autoscaler.ledger.attempts import attempts_of, task_totals
 from autoscaler.queueing import gpu_samples
 from autoscaler.queueing import tasks as ops
+from autoscaler.queueing.capacity_view import capacity_for
+from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import Task, TaskEvent
 
@@ -72,6 +74,7 @@ def enqueue(body: TaskIn, auth: Auth, ctx: Ctx) -> Task:
             now=ctx.clock.now(),
             shapes=Catalog.from_config(ctx.config),
             secret_keys=ctx.secret_keys,
+            runtime_prior=runtime_prior(ctx.config.capacity),
         )
     ctx.wake("enqueue")
     if task.state == TaskState.QUEUED.value:
@@ -147,7 +150,8 @@ def why(task_id: str, auth: Auth, ctx: Ctx) -> TaskWhyOut:
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id)
         answer = why_task(s, task, boot_timeouts=boot_timeouts(ctx), now=ctx.clock.now())
-        return TaskWhyOut(task_id=task.id, state=task.state, **answer.to_dict())
+        capacity = capacity_for(s, task, ctx.config, now=ctx.clock.now()) if task.state == "queued" else None
+        return TaskWhyOut(task_id=task.id, state=task.state, capacity=capacity, **answer.to_dict())
 
 
 def boot_timeouts(ctx: AppContext) -> dict[str, float]:

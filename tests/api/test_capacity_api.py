@@ -1,0 +1,144 @@
+"""Tasks declare what they survive and how long they run; the server estimates the
+run time from history, `task why` says spot or on-demand with the numbers, and
+`/metrics` shows the observed reclaim rates. Through the real ASGI app, both databases."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from autoscaler.api.app import create_app
+from autoscaler.clock import ManualClock
+from autoscaler.state.db import transaction
+from autoscaler.state.models import Instance, InstanceEvent, Task, TaskAttempt, new_id
+from tests.conftest import issue_token, make_context
+
+
+@pytest.fixture
+def world(config, sessions, clock: ManualClock):
+    ctx = make_context(config, sessions, clock)
+    client = TestClient(create_app(ctx))
+    vision = {"Authorization": f"Bearer {issue_token(ctx, 'team', team='vision')}"}
+    return ctx, client, vision
+
+
+def _enqueue(client: TestClient, headers: dict[str, str], **body: object) -> dict:
+    r = client.post("/api/v1/tasks", json={"queue": "gpu", "command": ["train"], "gpus": 1, **body}, headers=headers)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_a_declared_run_time_and_checkpoints_are_kept_and_shown(world) -> None:
+    _, client, vision = world
+    task = _enqueue(client, vision, checkpoints="every:30", expected_runtime_s=7200)
+    assert task["checkpoints"] == "every:30" and task["expected_runtime_s"] == 7200
+    assert task["runtime_estimate"]["source"] == "declared" and task["runtime_estimate"]["mean_h"] == 2.0
+    again = client.get(f"/api/v1/tasks/{task['id']}", headers=vision).json()
+    assert again["runtime_estimate"] == task["runtime_estimate"]
+
+
+def test_a_checkpoint_dir_means_on_signal_and_none_is_stored_as_none(world) -> None:
+    _, client, vision = world
+    assert _enqueue(client, vision, checkpoint_dir="ckpt")["checkpoints"] == "on-signal"
+    assert _enqueue(client, vision, checkpoint_dir="ckpt", checkpoints="none")["checkpoints"] is None
+    assert _enqueue(client, vision)["checkpoints"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"checkpoints": "sometimes"}, "none, on-signal or every:MIN"),
+        ({"checkpoints": "every:0"}, "none, on-signal or every:MIN"),
+        ({"expected_runtime_s": -5}, "expected_runtime_s"),
+    ],
+)
+def test_a_bad_declaration_is_refused_saying_what_is_accepted(world, body: dict, words: str) -> None:
+    _, client, vision = world
+    r = client.post("/api/v1/tasks", json={"queue": "gpu", "command": ["x"], **body}, headers=vision)
+    assert r.status_code == 422 and words in r.text
+
+
+def _past_run(ctx, hours: float, *, command: list[str], team: str = "vision") -> None:
+    """A finished run of `command`: one attempt of `hours`, succeeded."""
+    now = ctx.clock.now()
+    from autoscaler.queueing.runtime_history import command_key
+
+    with transaction(ctx.sessions) as s:
+        t = Task(
+            id=new_id(),
+            queue="gpu",
+            team=team,
+            command=command,
+            command_key=command_key(command),
+            state="succeeded",
+            attempts=1,
+            sort_key=now,
+            created_at=now,
+            updated_at=now,
+            finished_at=now,
+        )
+        s.add(t)
+        s.flush()
+        s.add(TaskAttempt(task_id=t.id, attempt=1, team=team, started_at=now - timedelta(hours=hours), ended_at=now))
+
+
+def test_without_a_declaration_the_run_time_comes_from_earlier_runs_of_the_same_command(world) -> None:
+    ctx, client, vision = world
+    prior = _enqueue(client, vision, command=["python", "train.py"])["runtime_estimate"]
+    assert prior["source"] == "prior" and prior["runs"] == 0
+    for h in (6.0, 6.5, 5.5, 6.0):
+        _past_run(ctx, h, command=["python", "train.py"])
+    _past_run(ctx, 0.1, command=["python", "other.py"])  # another command: not its history
+    _past_run(ctx, 0.1, command=["python", "train.py"], team="nlp")  # another team: neither
+    est = _enqueue(client, vision, command=["python", "train.py"])["runtime_estimate"]
+    assert est["source"] == "history" and est["runs"] == 4
+    assert 3.0 < est["mean_h"] < 8.0 and est["p10_h"] < est["mean_h"] < est["p90_h"]
+
+
+def test_task_why_says_spot_or_on_demand_with_the_numbers(world) -> None:
+    _, client, vision = world
+    short = _enqueue(client, vision, expected_runtime_s=3600)
+    long = _enqueue(client, vision, expected_runtime_s=30 * 3600)
+    saved = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
+    why = {t["id"]: client.get(f"/api/v1/tasks/{t['id']}/why", headers=vision).json() for t in (short, long, saved)}
+    assert why[short["id"]]["capacity"]["capacity_type"] == "spot"
+    # 30 h from zero at 0.24/h on 0.4 USD/h spot: 0.4 x (0.05 + (e^7.2 - 1)/0.24) against 1.0 x 30.05.
+    long_why = why[long["id"]]["capacity"]
+    assert long_why["capacity_type"] == "on_demand"
+    assert long_why["on_demand_expected_cost_usd"] == pytest.approx(30.05)
+    assert long_why["spot_expected_cost_usd"] == pytest.approx(0.4 * (0.05 + 5576.78), rel=1e-4)
+    assert "on-demand" in long_why["reason"]
+    assert why[saved["id"]]["capacity"]["capacity_type"] == "spot"
+
+
+def test_metrics_show_the_observed_reclaim_rate_per_offering(world) -> None:
+    ctx, client, vision = world
+    now = ctx.clock.now()
+    with transaction(ctx.sessions) as s:
+        inst = Instance(
+            id=new_id(),
+            request_id=new_id(),
+            provider="fake",
+            pool="gpu-pool",
+            instance_type="g.1",
+            capacity_type="spot",
+            zone="z1",
+            gpus=1,
+            state="terminated",
+            hourly_price=0.4,
+            created_at=now - timedelta(hours=2),
+            updated_at=now,
+            launched_at=now - timedelta(hours=2),
+            terminated_at=now,
+        )
+        s.add(inst)
+        s.flush()
+        s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
+    text = client.get("/metrics", headers=vision).text
+    line = next(x for x in text.splitlines() if x.startswith("autoscaler_spot_reclaim_rate{"))
+    assert 'offering="spot/g.1/z1"' in line
+    # (0.24 x 20 + 1) / (20 + 2)
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(5.8 / 22, rel=1e-3)
+    assert 'autoscaler_spot_reclaims{instance_type="g.1",offering="spot/g.1/z1",zone="z1"} 1.0' in text

@@ -1,0 +1,155 @@
+"""The per-task capacity choice (autoscaler.planner.capacity_choice): hand-computed
+cases, the wait target, and a property that it never leaves what the policy allows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autoscaler.planner.capacity_choice import (
+    ON_DEMAND,
+    SPOT,
+    Checkpointing,
+    Option,
+    TaskProfile,
+    choose,
+    expected_cost,
+)
+
+# A V100 machine as the simulator prices it: 3.06 USD/h on-demand, 0.918 spot.
+OD = Option("on_demand/p3.2xlarge/a", ON_DEMAND, 3.06)
+SPOT_A = Option("spot/p3.2xlarge/a", SPOT, 0.918, 0.24)
+BOTH = (SPOT, ON_DEMAND)
+
+
+def test_a_short_task_that_restarts_from_zero_goes_on_spot() -> None:
+    # 1 h at 0.24/h: (e^0.24 - 1) / 0.24 = 1.13020 h expected, 0.918 x 1.13020 = 1.0375 USD
+    # against 3.06 on-demand.
+    c = choose([OD, SPOT_A], TaskProfile(1.0), BOTH, boot_h=0.0)
+    assert c.capacity_type == SPOT
+    assert c.best_spot is not None and c.best_on_demand is not None
+    assert c.best_spot.expected_cost == pytest.approx(1.0375, abs=1e-4)
+    assert c.best_spot.expected_reclaims == pytest.approx(0.27125, abs=1e-5)
+    assert c.best_on_demand.expected_cost == pytest.approx(3.06)
+    assert "spot" in c.reason and "1.04 USD" in c.reason and "3.06 USD" in c.reason
+
+
+def test_a_30_hour_task_that_restarts_from_zero_goes_on_demand() -> None:
+    # (e^(0.24 x 30) - 1) / 0.24 = 5576.8 h: 0.918 x 5576.8 = 5119.5 USD on spot,
+    # 3.06 x 30 = 91.8 on-demand.
+    c = choose([OD, SPOT_A], TaskProfile(30.0), BOTH, boot_h=0.0)
+    assert c.capacity_type == ON_DEMAND
+    assert c.best_spot is not None and c.best_on_demand is not None
+    assert c.best_spot.expected_cost == pytest.approx(0.918 * math.expm1(7.2) / 0.24)
+    assert c.best_spot.expected_cost == pytest.approx(5119.5, abs=0.1)
+    assert c.best_on_demand.expected_cost == pytest.approx(91.8)
+    assert c.reason.startswith("on-demand")
+
+
+def test_the_break_even_of_restart_from_zero_is_near_8_hours_at_this_price_ratio() -> None:
+    # Break-even where (e^x - 1) / x = 3.06 / 0.918 = 3.33 for x = 0.24 d: x = 2.06,
+    # d = 8.6 h (the issue's "beyond about 8 hours").
+    assert choose([OD, SPOT_A], TaskProfile(8.4), BOTH, boot_h=0.0).capacity_type == SPOT
+    assert choose([OD, SPOT_A], TaskProfile(8.8), BOTH, boot_h=0.0).capacity_type == ON_DEMAND
+
+
+def test_a_30_hour_task_that_checkpoints_on_the_notice_goes_on_spot() -> None:
+    # Boot 0.05 h, nothing lost: T = 30 / (1 - 0.24 x 0.05) = 30.3644 h billed, plus the
+    # first boot: 0.918 x 30.4144 = 27.920 USD against 3.06 x 30.05 = 91.953.
+    c = choose([OD, SPOT_A], TaskProfile(30.0, Checkpointing.parse("on-signal")), BOTH, boot_h=0.05)
+    assert c.capacity_type == SPOT
+    assert c.best_spot is not None and c.best_on_demand is not None
+    assert c.best_spot.expected_cost == pytest.approx(27.920, abs=1e-3)
+    assert c.best_spot.expected_reclaims == pytest.approx(0.24 * 30.3644, abs=1e-3)
+    assert c.best_on_demand.expected_cost == pytest.approx(91.953, abs=1e-3)
+
+
+def test_checkpoints_every_n_minutes_lose_half_an_interval_per_reclaim() -> None:
+    # every:60 loses 0.5 h + a 0.05 h boot per reclaim: T = 10 / (1 - 0.24 x 0.55).
+    prof = TaskProfile(10.0, Checkpointing.parse("every:60"))
+    c = expected_cost(SPOT_A, prof, boot_h=0.05)
+    assert c.expected_cost == pytest.approx(0.918 * (0.05 + 10 / (1 - 0.24 * 0.55)))
+
+
+def test_a_task_that_can_never_finish_between_reclaims_costs_infinity_on_spot() -> None:
+    # Losing 5 h per reclaim at 0.24/h: r L = 1.2 >= 1.
+    prof = TaskProfile(10.0, Checkpointing.parse("every:600"))
+    assert math.isinf(expected_cost(SPOT_A, prof, boot_h=0.0).expected_cost)
+    assert choose([OD, SPOT_A], prof, BOTH, boot_h=0.0).capacity_type == ON_DEMAND
+
+
+def test_a_lower_reclaim_rate_wins_among_spot_offerings_of_equal_price() -> None:
+    calm = Option("spot/p3.2xlarge/b", SPOT, 0.918, 0.05)
+    c = choose([SPOT_A, calm, OD], TaskProfile(4.0), BOTH, boot_h=0.0)
+    assert c.best_spot is not None and c.best_spot.option is calm
+
+
+def test_cheaper_on_spot_but_past_the_wait_target_goes_on_demand() -> None:
+    # 4 h at 0.24/h: a reclaim is likely (1 - e^-0.96 = 62 %); a reclaim waits a 20 min
+    # boot, past a 15 min target.
+    prof = TaskProfile(4.0, Checkpointing.parse("on-signal"), wait_target_h=0.25)
+    c = choose([OD, SPOT_A], prof, BOTH, boot_h=1 / 3)
+    assert c.best_spot is not None and c.best_on_demand is not None
+    assert c.best_spot.expected_cost < c.best_on_demand.expected_cost
+    assert c.capacity_type == ON_DEMAND
+    assert "wait target of 15 min" in c.reason
+    # A fast boot keeps it on spot, and so does a reclaim too unlikely to matter.
+    assert choose([OD, SPOT_A], prof, BOTH, boot_h=0.1).capacity_type == SPOT
+    rare = Option("spot/p3.2xlarge/c", SPOT, 0.918, 0.005)
+    assert choose([OD, rare], TaskProfile(4.0, wait_target_h=0.25), BOTH, boot_h=1 / 3).capacity_type == SPOT
+
+
+def test_a_policy_that_allows_one_capacity_type_gets_it_whatever_it_costs() -> None:
+    assert choose([OD, SPOT_A], TaskProfile(30.0), (SPOT,), boot_h=0.0).capacity_type == SPOT
+    assert choose([OD, SPOT_A], TaskProfile(0.1), (ON_DEMAND,), boot_h=0.0).capacity_type == ON_DEMAND
+    none = choose([OD, SPOT_A], TaskProfile(1.0), (), boot_h=0.0)
+    assert none.capacity_type is None and "no offering" in none.reason
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "every:", "every:0", "every:-5", "every:nan", "every:x"])
+def test_a_bad_checkpoint_declaration_says_what_is_accepted(bad: str) -> None:
+    with pytest.raises(ValueError, match="none, on-signal or every:MIN"):
+        Checkpointing.parse(bad)
+
+
+def test_checkpoint_declarations_round_trip() -> None:
+    for text in ("none", "on-signal", "every:30", "every:7.5"):
+        assert str(Checkpointing.parse(text)) == text
+    assert Checkpointing.parse(None).mode == "none"
+
+
+_types = st.sampled_from([SPOT, ON_DEMAND])
+_options = st.lists(
+    st.builds(
+        Option,
+        key=st.text(min_size=1, max_size=8),
+        capacity_type=_types,
+        hourly_price=st.floats(0.0, 100.0),
+        reclaim_rate=st.floats(0.0, 5.0),
+    ),
+    max_size=6,
+)
+_profiles = st.builds(
+    TaskProfile,
+    runtime_h=st.floats(0.0, 1000.0),
+    checkpointing=st.sampled_from([Checkpointing(), Checkpointing("on-signal"), Checkpointing("every", 30.0)]),
+    wait_target_h=st.none() | st.floats(0.0, 2.0),
+)
+
+
+@given(_options, _profiles, st.sets(_types), st.floats(0.0, 1.0))
+def test_the_choice_never_leaves_the_allowed_capacity_types(
+    options: list[Option], profile: TaskProfile, allowed: set[str], boot_h: float
+) -> None:
+    c = choose(options, profile, allowed, boot_h=boot_h)
+    offered = {o.capacity_type for o in options} & allowed
+    if not offered:
+        assert c.capacity_type is None
+        return
+    assert c.capacity_type in offered
+    chosen = c.chosen
+    assert chosen is not None and chosen.option.capacity_type in allowed
+    assert chosen.option in options

@@ -1,0 +1,98 @@
+"""The capacity choice inside `plan()`: one call site ranks a pool's offerings by the
+task's expected cost; the launch reason carries the numbers; the policy's allowed
+capacity types are never left."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoscaler.planner import DemandGroup, plan
+from autoscaler.planner.capacity_choice import CapacityModel
+from autoscaler.policy.schema import Decision, TeamDecision
+from tests.planner.builders import NOW, make_input, offering, pool
+
+# The simulator's V100: 3.06 USD/h on-demand, 0.918 spot, reclaimed at 0.24/h.
+V100 = (
+    offering("p3.2xlarge", "spot", price=0.918, zone="a"),
+    offering("p3.2xlarge", "on_demand", price=3.06, zone="a"),
+)
+MODEL = CapacityModel(prior_rate=0.24, boot_h=0.05)
+
+
+def _task(runtime_h: float | None, checkpoints: str | None = None, **kw: object) -> DemandGroup:
+    return dataclasses.replace(
+        DemandGroup("gpu", "vision", 1, None, 0, 1, NOW), runtime_h=runtime_h, checkpoints=checkpoints, **kw
+    )
+
+
+def _launch(task: DemandGroup, capacity: CapacityModel | None = MODEL, offerings=V100, decision=None):
+    inp = make_input(pools=(pool(offerings=offerings),), demand=(task,), decision=decision)
+    p = plan(dataclasses.replace(inp, capacity=capacity))
+    assert len(p.launches) == 1, p
+    return p.launches[0]
+
+
+def test_a_short_task_goes_on_spot_and_the_reason_says_why() -> None:
+    launch = _launch(_task(1.0))
+    assert launch.offering.capacity_type == "spot"
+    assert "capacity: spot: expected spot" in launch.reason and "on-demand 3.2" in launch.reason
+
+
+def test_a_30_hour_task_that_restarts_from_zero_goes_on_demand() -> None:
+    launch = _launch(_task(30.0))
+    assert launch.offering.capacity_type == "on_demand"
+    assert "capacity: on-demand: expected on-demand 91.95 USD" in launch.reason
+
+
+def test_a_30_hour_task_that_checkpoints_goes_on_spot() -> None:
+    assert _launch(_task(30.0, "on-signal")).offering.capacity_type == "spot"
+    assert _launch(_task(30.0, "every:30")).offering.capacity_type == "spot"
+
+
+def test_without_the_model_the_pool_order_decides_as_before() -> None:
+    launch = _launch(_task(30.0), capacity=None)
+    assert launch.offering.capacity_type == "spot" and "capacity:" not in launch.reason
+
+
+def test_a_spot_only_team_stays_on_spot_whatever_the_cost() -> None:
+    decision = Decision(teams={"vision": TeamDecision(allowed_capacity_types=["spot"])})
+    assert _launch(_task(30.0), decision=decision).offering.capacity_type == "spot"
+
+
+def test_the_zone_with_the_lower_observed_rate_wins_at_equal_price() -> None:
+    stormy, calm = (
+        offering("p3.2xlarge", "spot", price=0.918, zone="a"),
+        offering("p3.2xlarge", "spot", price=0.918, zone="b"),
+    )
+    model = dataclasses.replace(MODEL, reclaim_rates={stormy.key: 0.6, calm.key: 0.05})
+    launch = _launch(_task(3.0), capacity=model, offerings=(stormy, calm, V100[1]))
+    assert launch.offering.zone == "b"
+
+
+def test_after_a_reclaim_a_task_that_restarts_from_zero_goes_on_demand_first() -> None:
+    assert _launch(_task(1.0, after_reclaim=True)).offering.capacity_type == "on_demand"
+    # ...while one that checkpoints is left to the model (spot is still cheaper).
+    assert _launch(_task(1.0, "on-signal", after_reclaim=True)).offering.capacity_type == "spot"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    runtime=st.none() | st.floats(0.01, 200.0),
+    checkpoints=st.sampled_from([None, "on-signal", "every:15", "every:600"]),
+    allowed=st.sampled_from([["spot"], ["on_demand"], ["spot", "on_demand"]]),
+    rate=st.floats(0.0, 3.0),
+    spot_price=st.floats(0.01, 10.0),
+)
+def test_the_plan_never_launches_a_capacity_type_the_policy_does_not_allow(
+    runtime: float | None, checkpoints: str | None, allowed: list[str], rate: float, spot_price: float
+) -> None:
+    offerings = (offering("g", "spot", price=spot_price), offering("g", "on_demand", price=1.0))
+    decision = Decision(teams={"vision": TeamDecision(allowed_capacity_types=allowed)})
+    model = dataclasses.replace(MODEL, prior_rate=rate)
+    inp = make_input(pools=(pool(offerings=offerings),), demand=(_task(runtime, checkpoints),), decision=decision)
+    p = plan(dataclasses.replace(inp, capacity=model))
+    assert len(p.launches) == 1
+    assert p.launches[0].offering.capacity_type in allowed
