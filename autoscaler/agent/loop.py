@@ -195,6 +195,7 @@ class Agent:
             memory_mb=host.memory_mb(),
             agent_version=__version__,
             identity=self.metadata.identity() if self.metadata else None,
+            address=host.private_address(self.s.provider),
         )
         saved = credentials.load_worker(self.state_dir)
         if saved is not None and not saved.matches(self.s.server_url, self.s.pool, instance_id):

@@ -50,6 +50,7 @@ class RegisterBody(BaseModel):
     agent_version: str = ""
     retry_key: str | None = None
     identity: dict[str, str] | None = None
+    address: str | None = None
 
 
 class Registered(_Reply):

@@ -167,6 +167,8 @@ class Task(Base):
     image: Mapped[str | None] = mapped_column(String(512), nullable=True)
     image_pull_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # Machines the task runs on at once (a gang: `gpus` on each; see queueing.gangs).
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     gpu_type: Mapped[str | None] = mapped_column(String(64))
     cpus: Mapped[float] = mapped_column(Float, default=0)
     memory_mb: Mapped[int] = mapped_column(Integer, default=0)
@@ -246,8 +248,36 @@ class TaskLog(Base):
     stream: Mapped[str] = mapped_column(String(8))
     data: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime]
+    # Which rank of a multi-node task wrote it (0 for a single-node task).
+    rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (Index("ix_task_logs_task", "task_id", "id"),)
+
+
+class TaskRank(Base):
+    """One rank of a multi-node task's attempt: the worker it holds GPUs on, from its
+    reservation to its end (states in `autoscaler.lifecycle.RankState`)."""
+
+    __tablename__ = "task_ranks"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), ForeignKey("tasks.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(32), index=True)
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str | None] = mapped_column(String(64))
+    reserved_at: Mapped[datetime]
+    # When its worker was handed the start (a lease answer); None: not yet.
+    delivered_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_task_ranks_task", "task_id", "attempt", "rank"),
+        Index("ix_task_ranks_state", "state"),
+    )
 
 
 class Worker(Base):
@@ -271,6 +301,8 @@ class Worker(Base):
     idle_since: Mapped[datetime | None]
     drain_deadline: Mapped[datetime | None]
     drain_reason: Mapped[str | None] = mapped_column(String(64))
+    # The private address the agent reported (a gang's MASTER_ADDR when it holds rank 0).
+    address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     gone_at: Mapped[datetime | None]
     gone_reason: Mapped[str | None] = mapped_column(String(64))
     agent_version: Mapped[str] = mapped_column(String(32), default="")
