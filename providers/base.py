@@ -88,6 +88,8 @@ class LaunchRequest:
     image: str | None = None
     user_data: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    nodes: int = 1
+    gang: str | None = None
 
     def all_tags(self) -> dict[str, str]:
         return {

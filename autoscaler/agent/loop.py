@@ -56,6 +56,8 @@ TICK_S = 0.05
 # the next poll waits twice as long, up to this many lease intervals (2 s -> 4 s ->
 # 5 s by default), so new work waits at most ~5 s for an idle agent.
 IDLE_LEASE_BACKOFF_MAX = 2.5
+# How often an agent holding a rank of a forming gang asks for its start.
+GANG_LEASE_S = 0.25
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
 MIN_FLUSH_S = 2.0  # after a SIGTERM, the least time left to deliver reports and deregister
 
@@ -517,6 +519,11 @@ class Agent:
             self.outbox.started(task.id)
         self.empty_leases = 0 if got else min(self.empty_leases + 1, 8)
         self.next_lease = now + self.t.lease_s * min(2 ** max(self.empty_leases - 1, 0), IDLE_LEASE_BACKOFF_MAX)
+        if getattr(self.api, "gang_reserved", False):
+            # This machine holds a rank of a gang still forming: its start comes on a
+            # lease, and all ranks should start together, so ask again soon.
+            self.empty_leases = 0
+            self.next_lease = now + min(self.t.lease_s, GANG_LEASE_S)
         self.outbox.deliver(self.api)
 
     def _reachable(self, now: float) -> None:

@@ -48,6 +48,7 @@ class ServerApi:
         )
         self.worker_id: str | None = None
         self._token: str | None = None
+        self.gang_reserved = False  # the last lease: a rank of a forming gang waits here
 
     def close(self) -> None:
         self._http.close()
@@ -82,7 +83,10 @@ class ServerApi:
         return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump(mode="json")))
 
     def lease(self) -> LeasedTask | None:
-        return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task
+        reply = LeaseReply.model_validate(self._call(self._worker("lease"), {}))
+        # Kept for the loop: a rank of a forming gang waits here, so poll again soon.
+        self.gang_reserved = reply.reserved
+        return reply.task
 
     def start(self, task_id: str) -> None:
         self._call(self._worker(f"tasks/{task_id}/start"), {})

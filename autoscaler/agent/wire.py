@@ -123,6 +123,7 @@ class LeasedTask(_Reply):
 
 class LeaseReply(_Reply):
     task: LeasedTask | None = None
+    reserved: bool = False  # this worker holds a rank of a forming gang
 
 
 class LogChunk(BaseModel):

@@ -358,6 +358,9 @@ class TransfersOut(BaseModel):
 
 class LeaseOut(BaseModel):
     task: LeasedTaskOut | None
+    # No task, but this worker holds a rank of a gang that is still forming: its start
+    # comes on a later lease, so the agent asks again soon (docs/gangs.md).
+    reserved: bool = False
 
 
 class FinishIn(Body):

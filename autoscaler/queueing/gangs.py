@@ -201,6 +201,18 @@ def complete(session: Session, ranks: Sequence[TaskRank], *, now: datetime) -> N
         move_rank(rank, RankState.LEASED, now=now)
 
 
+def waiting_on(session: Session, worker_id: str) -> bool:
+    """Does this worker hold a rank of a gang that is still being reserved?"""
+    return (
+        session.scalar(
+            select(TaskRank.id)
+            .where(TaskRank.worker_id == worker_id, TaskRank.state == RankState.RESERVED.value)
+            .limit(1)
+        )
+        is not None
+    )
+
+
 def pending_start(session: Session, worker_id: str) -> TaskRank | None:
     """A rank of a complete gang whose worker has not been handed its start yet."""
     return session.scalar(

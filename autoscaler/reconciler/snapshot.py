@@ -19,7 +19,15 @@ from sqlalchemy.orm import Session
 from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
-from autoscaler.lifecycle import INSTANCE_LIVE, INSTANCE_OPEN, INSTANCE_RUNNING, TASK_ACTIVE, WORKER_LIVE
+from autoscaler.lifecycle import (
+    INSTANCE_LIVE,
+    INSTANCE_OPEN,
+    INSTANCE_RUNNING,
+    RANK_HOLDING,
+    TASK_ACTIVE,
+    WORKER_LIVE,
+    RankState,
+)
 from autoscaler.planner.model import (
     DemandGroup,
     InstanceView,
@@ -30,7 +38,7 @@ from autoscaler.planner.model import (
     WorkerView,
 )
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, TeamInput
-from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
+from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, TaskRank, Worker
 
 ACTIVE_TASK_STATES = TASK_ACTIVE
 LIVE_WORKER_STATES = WORKER_LIVE
@@ -92,6 +100,12 @@ def observe(
     session: Session, config: AutoscalerConfig, *, now: datetime, pool_state: Mapping[str, PoolState]
 ) -> Snapshot:
     after_reclaim = case((Task.end_reason == "interrupted:spot", 1), else_=0)
+    reserved_ranks = (
+        select(func.count())
+        .where(TaskRank.task_id == Task.id, TaskRank.state == RankState.RESERVED.value)
+        .correlate(Task)
+        .scalar_subquery()
+    )
     demand = tuple(
         DemandGroup(
             queue,
@@ -112,7 +126,8 @@ def observe(
                 Task.gpus,
                 Task.gpu_type,
                 Task.priority,
-                func.count(),
+                # A gang is `nodes` machines of demand, less the ranks it already holds.
+                func.sum(Task.nodes - reserved_ranks),
                 func.min(Task.sort_key),
                 after_reclaim,
                 Task.cpus,
@@ -128,7 +143,7 @@ def observe(
     running_gpus: Counter[str] = Counter()
     running_by_queue: Counter[str] = Counter()
     for queue, team, n, gpus in session.execute(
-        select(Task.queue, Task.team, func.count(), func.sum(Task.gpus))
+        select(Task.queue, Task.team, func.count(), func.sum(Task.gpus * Task.nodes))
         .where(Task.state.in_(ACTIVE_TASK_STATES))
         .group_by(Task.queue, Task.team)
     ):
@@ -148,6 +163,25 @@ def observe(
             .group_by(Task.worker_id)
         )
     }
+    # Ranks of gangs hold their workers from the reservation on (also while being
+    # stopped): such a worker is busy, never idle capacity nor a scale-down candidate.
+    holding = [r.value for r in RANK_HOLDING]
+    for wid, team, k, gs, cs, ms in session.execute(
+        select(
+            TaskRank.worker_id,
+            Task.team,
+            func.count(),
+            func.sum(Task.gpus),
+            func.sum(Task.cpus),
+            func.sum(Task.memory_mb),
+        )
+        .join(Task, Task.id == TaskRank.task_id)
+        .where(TaskRank.state.in_(holding))
+        .group_by(TaskRank.worker_id, Task.team)
+    ):
+        n0, g0, c0, m0 = load.get(wid, (0, 0, 0.0, 0))
+        load[wid] = (n0 + int(k), g0 + int(gs or 0), c0 + float(cs or 0.0), m0 + int(ms or 0))
+        tenants[wid].add(team)
     # Plain column rows, not ORM objects: loading entities decoded every worker's JSON
     # columns (GPU list, metrics) and filled the identity map for nothing, which was
     # most of this function's time at 1,000 workers and grew faster than the fleet.

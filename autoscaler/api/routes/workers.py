@@ -151,7 +151,9 @@ def lease(worker_id: str, auth: Auth, ctx: Ctx) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
         task = task_ops.lease(s, worker_id, now=ctx.clock.now(), gang_settings=gang_settings(ctx))
-        return LeaseOut(task=leased_task(s, ctx, worker_id, task) if task else None)
+        if task is None:
+            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id))
+        return LeaseOut(task=leased_task(s, ctx, worker_id, task))
 
 
 def gang_settings(ctx: AppContext) -> gangs.GangSettings:
