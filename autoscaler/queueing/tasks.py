@@ -208,6 +208,11 @@ def enqueue(
         raise InvalidInput(
             "code, outputs and checkpoint_dir live in the task's own directory; drop working_dir to use them"
         )
+    if spec.nodes > 1 and (code or outputs or checkpoint_dir):
+        raise InvalidInput(
+            "a multi-node task cannot carry code, outputs or a checkpoint_dir yet (docs/gangs.md): put the code "
+            "on the machines or in an image, and write results to shared storage"
+        )
     if spec.image and (code or spec.setup or outputs or checkpoint_dir):
         # The agent runs carried files in phases on the machine, and an image in one
         # container attempt; the two are not combined yet (docs/artifacts.md).
