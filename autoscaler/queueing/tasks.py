@@ -776,8 +776,17 @@ def _finish_rank(
         else:
             gangs.stop_others(session, task, rank, now=now)
             why = f"rank {rank.rank} on worker {worker_id}: {rank.end_reason}"
+            # An interruption's detail is its kind (`interrupted:<detail>` is the end
+            # reason): the rank goes in the history's note instead.
+            if reason == "interrupted":
+                why = ""
             _end_attempt(
-                session, task, now=now, reason=reason, exit_code=exit_code, detail=f"{why}; {detail}" if detail else why
+                session,
+                task,
+                now=now,
+                reason=reason,
+                exit_code=exit_code,
+                detail=f"{why}; {detail}" if why and detail else (why or detail),
             )
     _release_worker(session, worker_id, now)
     return task

@@ -170,6 +170,7 @@ def test_a_drain_of_one_rank_interrupts_the_whole_gang(setup, clock) -> None:
     assert _finish(s, clock, a, gang, reason="interrupted", detail="drain") == "queued"
     task = get_task(s, gang)
     assert task.failures == 0 and task.interruptions == 1
+    assert task.end_reason == "interrupted:drain"
     assert sorted(st for _r, _w, st in _ranks(s, gang)) == ["exited", "stopping", "stopping"]
 
 
