@@ -4,15 +4,20 @@ rendezvous variables in what each rank's worker leases (SQLite and PostgreSQL)."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from autoscaler.api.app import create_app
 from autoscaler.auth.tokens import create_token
 from autoscaler.state.db import transaction
-from tests.conftest import issue_token
+from tests.conftest import LiveServer, issue_token
 
 
 @pytest.fixture
@@ -22,7 +27,7 @@ def api(ctx):
     return client, team, ctx
 
 
-def _register(client: TestClient, ctx, n: int, address: str | None) -> tuple[str, dict[str, str]]:
+def _register(client: httpx.Client, ctx, n: int, address: str | None) -> tuple[str, dict[str, str]]:
     with transaction(ctx.sessions) as s:
         join, _ = create_token(s, kind="join", now=ctx.clock.now(), pool="gpu-pool", ttl=timedelta(hours=1))
     body = {
@@ -98,3 +103,47 @@ def test_ranks_lease_with_rendezvous_variables_and_show_in_the_task(api) -> None
     )
     beat = client.post(f"/api/v1/workers/{w0}/heartbeat", headers=h0, json={"running": [task_id]}).json()
     assert beat["cancel"] == [task_id]
+
+
+def test_the_cli_and_the_task_page_show_ranks_and_one_ranks_logs(ctx) -> None:
+    server = LiveServer(ctx).start()
+    try:
+        http = httpx.Client(base_url=server.url, timeout=10)
+        token = issue_token(ctx, "team", team="vision")
+        env = {"AUTOSCALER_SERVER": server.url, "AUTOSCALER_TOKEN": token, "COLUMNS": "220"}
+        enq = _cli("enqueue", "--queue", "gpu", "--gpus", "1", "--nodes", "2", "--", "train", env=env)
+        assert enq.returncode == 0, enq.stderr
+        task_id = enq.stdout.strip()
+        refused = _cli("enqueue", "--queue", "gpu", "--gpus", "1", "--nodes", "9", "--", "train", env=env)
+        assert refused.returncode != 0 and "needs 9 machines at once" in refused.stderr + refused.stdout
+        workers = [_register(http, ctx, n, None) for n in (0, 1)]
+        for w, h in [*workers, workers[0]]:
+            http.post(f"/api/v1/workers/{w}/lease", headers=h)
+        for w, h in workers:
+            http.post(f"/api/v1/workers/{w}/tasks/{task_id}/start", headers=h)
+            chunk = {"chunks": [{"stream": "stdout", "data": f"hello from {w}\n"}]}
+            http.post(f"/api/v1/workers/{w}/tasks/{task_id}/logs", headers=h, json=chunk)
+        shown = _cli("task", "show", task_id, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "gpus: 1 x 2 nodes" in shown.stdout and "ranks" in shown.stdout
+        assert all(w in shown.stdout for w, _h in workers)
+        one = _cli("logs", task_id, "--rank", "1", env=env)
+        assert one.returncode == 0 and one.stdout == f"hello from {workers[1][0]}\n", one.stdout
+        page = httpx.Client(base_url=server.url, timeout=10)
+        assert page.post("/login", data={"token": token, "next": "/tasks"}).status_code == 303
+        html = page.get(f"/tasks/{task_id}").text
+        assert 'id="task-ranks"' in html and 'id="task-nodes">2<' in html
+        assert html.count('<tr data-rank="') == 2
+    finally:
+        server.stop()
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autoscaler", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )

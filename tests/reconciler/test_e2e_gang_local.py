@@ -157,6 +157,7 @@ def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> No
         assert len([i for i in instances if i["pool"] == "local-gpu"]) == 2
         starts = _starts(api, first, 1)
         assert len(starts) == 2 and abs(starts[0] - starts[1]) < 1.0, starts
+        print(f"first gang: rank start skew {abs(starts[0] - starts[1]) * 1000:.0f} ms")
         envs = {
             rank: dict(kv.split("=", 1) for kv in line.split()[1:])
             for rank in (0, 1)
@@ -209,6 +210,7 @@ def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> No
         assert victim not in {r["worker_id"] for r in last}
         starts = _starts(api, second, 2)
         assert len(starts) == 2 and abs(starts[0] - starts[1]) < 1.0, starts
+        print(f"second gang, attempt 2: rank start skew {abs(starts[0] - starts[1]) * 1000:.0f} ms")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
