@@ -205,6 +205,29 @@ class ReconcileConfig(_Strict):
     enabled: bool = True
 
 
+class GangConfig(_Strict):
+    """Multi-node tasks (docs/gangs.md)."""
+
+    reservation_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A gang's partial reservation (some ranks hold GPUs, the others wait for machines) older "
+        "than this is released, so gangs never wait on each other for ever.",
+    )
+    master_port_min: int = Field(
+        29500, ge=1024, le=65535, description="MASTER_PORT is chosen per gang from [min, max)."
+    )
+    master_port_max: int = Field(30500, ge=1025, le=65536)
+
+    @model_validator(mode="after")
+    def _ports(self) -> GangConfig:
+        if self.master_port_min >= self.master_port_max:
+            raise ValueError(
+                f"gangs.master_port_min ({self.master_port_min}) must be below master_port_max ({self.master_port_max})"
+            )
+        return self
+
+
 class RetentionConfig(_Strict):
     """How long history is kept. A prune in the server deletes what is older, once at
     start and then daily (docs/operations.md#retention); 0 keeps that history forever."""
@@ -430,6 +453,7 @@ class AutoscalerConfig(_Strict):
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    gangs: GangConfig = Field(default_factory=GangConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
 

@@ -50,7 +50,19 @@ class WorkerState(StrEnum):
     GONE = "gone"
 
 
-State = TypeVar("State", TaskState, InstanceState, WorkerState)
+class RankState(StrEnum):
+    """One rank of a multi-node task (a gang, `nodes > 1`), on one worker. The task's
+    own state is the gang's; a rank's says where that one machine stands."""
+
+    RESERVED = "reserved"  # GPUs held on a worker until every rank has one
+    LEASED = "leased"  # the gang is complete: its worker was handed the start
+    RUNNING = "running"  # the agent started the process
+    STOPPING = "stopping"  # the gang ended elsewhere: its worker is told to stop it
+    EXITED = "exited"  # the agent reported the end (exit code on the row)
+    RELEASED = "released"  # given up without an end report (reservation timeout, worker gone)
+
+
+State = TypeVar("State", TaskState, InstanceState, WorkerState, RankState)
 
 
 class IllegalTransition(ValueError):
@@ -194,6 +206,38 @@ WORKER_TRANSITIONS: dict[WorkerState, dict[WorkerState, str]] = {
 WORKER_LIVE = frozenset({_W.IDLE, _W.BUSY, _W.DRAINING})
 # May lease new tasks.
 WORKER_LEASABLE = frozenset({_W.IDLE, _W.BUSY})
+
+
+_RK = RankState
+RANK_TRANSITIONS: dict[RankState, dict[RankState, str]] = {
+    _RK.RESERVED: {
+        _RK.LEASED: "every rank of the gang is reserved: all start together",
+        _RK.RELEASED: "the partial reservation timed out, the task was canceled, or the worker went",
+    },
+    _RK.LEASED: {
+        _RK.RUNNING: "the agent started its rank",
+        _RK.EXITED: "the agent reported the end before the start",
+        _RK.STOPPING: "another rank ended: the whole gang stops",
+        _RK.RELEASED: "its worker went",
+    },
+    _RK.RUNNING: {
+        _RK.EXITED: "the agent reported how the rank ended",
+        _RK.STOPPING: "another rank ended: the whole gang stops",
+        _RK.RELEASED: "its worker went",
+    },
+    _RK.STOPPING: {
+        _RK.EXITED: "the agent stopped it and reported the end",
+        _RK.RELEASED: "its worker went",
+    },
+    _RK.EXITED: {},
+    _RK.RELEASED: {},
+}
+
+# A rank that holds GPUs on its worker (no other task may use them).
+RANK_HOLDING = frozenset({_RK.RESERVED, _RK.LEASED, _RK.RUNNING, _RK.STOPPING})
+# A rank of the gang's current attempt that is (or is about to be) running.
+RANK_ACTIVE = frozenset({_RK.LEASED, _RK.RUNNING})
+RANK_FINAL = frozenset({_RK.EXITED, _RK.RELEASED})
 
 
 def check_transition(

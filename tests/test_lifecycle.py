@@ -37,10 +37,11 @@ TABLES = [
     (TaskState, lc.TASK_TRANSITIONS),
     (InstanceState, lc.INSTANCE_TRANSITIONS),
     (WorkerState, lc.WORKER_TRANSITIONS),
+    (lc.RankState, lc.RANK_TRANSITIONS),
 ]
 
 
-@pytest.mark.parametrize(("states", "table"), TABLES, ids=["task", "instance", "worker"])
+@pytest.mark.parametrize(("states", "table"), TABLES, ids=["task", "instance", "worker", "rank"])
 def test_every_state_has_a_row_and_every_edge_a_reason(states: type, table: dict) -> None:  # type: ignore[type-arg]
     assert set(table) == set(states)
     for src, edges in table.items():
@@ -56,8 +57,9 @@ def test_every_state_has_a_row_and_every_edge_a_reason(states: type, table: dict
         (lc.TASK_TRANSITIONS, TaskState.QUEUED, lc.TASK_FINAL),
         (lc.INSTANCE_TRANSITIONS, InstanceState.REQUESTED, {InstanceState.TERMINATED}),
         (lc.WORKER_TRANSITIONS, WorkerState.IDLE, {WorkerState.GONE}),
+        (lc.RANK_TRANSITIONS, lc.RankState.RESERVED, lc.RANK_FINAL),
     ],
-    ids=["task", "instance", "worker"],
+    ids=["task", "instance", "worker", "rank"],
 )
 def test_every_state_is_reachable_and_only_final_states_are_dead_ends(table: dict, start: object, final: set) -> None:  # type: ignore[type-arg]
     seen, todo = {start}, [start]
@@ -195,7 +197,7 @@ def test_a_simulated_day_only_takes_edges_of_the_tables(tmp_path: Path) -> None:
 # Who may assign `<row>.state`: the three writers, the pure sync (on its own copies,
 # each change applied later through the instance writer) and the simulator's trackers.
 STATE_WRITERS = {
-    "queueing/states.py": {"task", "worker"},
+    "queueing/states.py": {"task", "worker", "rank"},
     "reconciler/states.py": {"inst"},
     "reconciler/sync.py": {"c"},
     "sim/engine.py": {"track"},

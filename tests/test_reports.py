@@ -154,7 +154,7 @@ def test_budgets_shown_are_this_deployments_teams_only(tmp_path: Path) -> None:
     fixtures = policy_dir(shipped) / "tests" / "fixtures"
     assert {"research", "interns", "prod-inference"} <= set(load_budgets(policy_dir(shipped), fixtures))  # control
     example = load_config(Path(__file__).resolve().parents[1] / "examples" / "local.yaml")
-    assert team_budgets(example) == {"vision": 2000.0, "nlp": 5000.0}  # from examples/policy-data
+    assert team_budgets(example) == {"vision": 20000.0, "nlp": 5000.0}  # from examples/policy-data
     doc = {"default": {"monthly_usd": 50}, "teams": {"vision": {"monthly_usd": 100}, "ghost": {"monthly_usd": 9}}}
     config = budget_config(tmp_path / "p", {})
     (tmp_path / "p" / "data" / "budgets.yaml").write_text(yaml.safe_dump(doc))

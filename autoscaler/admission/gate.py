@@ -108,3 +108,25 @@ def largest_admissible(adm: TeamAdmission, machine: Machine, quota_room: int | N
     if per_gpu > 1e-12 and adm.headroom_usd_per_hour is not None:
         limit = min(limit, math.floor((adm.headroom_usd_per_hour + 1e-9) / per_gpu))
     return max(limit, 0)
+
+
+def gang_limits(adm: TeamAdmission, machine: Machine, quota_room: int | None) -> tuple[int, int | None] | None:
+    """For a multi-node task (a gang) of this team, one rank of which would go on
+    `machine`: (the most GPUs per rank here, the most GPUs the whole gang may hold;
+    None: unbounded), or None when nothing of the team may start there.
+
+    The whole gang is admitted or none of it, so its quota and its spend are asked for
+    `nodes x gpus` at once (each rank priced as this machine); the per-rank limit is
+    only the machine's size. `largest_admissible` answers the same for one task."""
+    if placement_refusal(adm, machine) is not None:
+        return None
+    per_rank = machine.gpus if machine.gpus > 0 else 0
+    total: int | None = quota_room
+    per_gpu = added_spend(adm, machine, 1)
+    if per_gpu > 1e-12:
+        if spend_refusal(adm, per_gpu) is not None:
+            total = 0
+        elif adm.headroom_usd_per_hour is not None:
+            cap = math.floor((adm.headroom_usd_per_hour + 1e-9) / per_gpu)
+            total = cap if total is None else min(total, cap)
+    return per_rank, total

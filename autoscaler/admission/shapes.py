@@ -23,7 +23,7 @@ Matching is `admission.fit.misfit`, the rule the planner and `lease` apply.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.admission.fit import Need, Room, misfit
@@ -94,6 +94,13 @@ def pool_shapes(pool: PoolConfig) -> tuple[Shape, ...] | None:
     return tuple(shapes) or None
 
 
+def _max_machines(pool: PoolConfig) -> int:
+    if pool.provider == "static":
+        machines = pool.options.get("machines") or []
+        return len(machines) if isinstance(machines, list) else 0
+    return pool.max_instances
+
+
 def _checkable(need: Need, room: Room) -> Need:
     # A GPU type the config does not declare is not checked (see the module docstring).
     return replace(need, gpu_type=None) if room.gpus and room.gpu_type is None else need
@@ -108,10 +115,34 @@ class Catalog:
     """The shapes of every pool of one config (None: that pool's shapes are unknown)."""
 
     pools: Mapping[str, tuple[Shape, ...] | None]
+    # The most machines each pool may have at once (a gang needs `nodes` of them).
+    max_machines: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: AutoscalerConfig) -> Catalog:
-        return cls({p.name: pool_shapes(p) for p in config.pools})
+        return cls({p.name: pool_shapes(p) for p in config.pools}, {p.name: _max_machines(p) for p in config.pools})
+
+    def gang_refusal(self, queue: str, pools: Sequence[str], need: Need, nodes: int) -> str | None:
+        """Why no pool of `queue` could ever hold `nodes` machines that each fit `need`
+        (one line), or None when one could or the config cannot tell. All ranks of a
+        gang run in one pool."""
+        if nodes <= 1:
+            return self.refusal(queue, pools, need)
+        refused = self.refusal(queue, pools, need)
+        if refused:
+            return refused
+        if self.shapes(pools) is None:
+            return None
+        fitting = [p for p in pools if any(_fits(need, s) for s in self.pools.get(p) or ())]
+        most = max((self.max_machines.get(p, 0) for p in fitting), default=0)
+        if nodes > most:
+            where = ", ".join(f"{p} ({self.max_machines.get(p, 0)})" for p in fitting)
+            return (
+                f"this task needs {nodes} machines at once, and no pool of queue {queue} that fits one rank may "
+                f"have more than {most} (max machines: {where}); ask for at most {most} nodes, or raise the "
+                "pool's max_instances"
+            )
+        return None
 
     def shapes(self, pools: Iterable[str]) -> list[Shape] | None:
         """The shapes of these pools together, or None when any of them is unknown."""

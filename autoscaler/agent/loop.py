@@ -57,6 +57,8 @@ TICK_S = 0.05
 # 5 s by default), so new work waits at most ~5 s for an idle agent.
 IDLE_LEASE_BACKOFF_MAX = 2.5
 LONG_POLL_MIN_S = 0.5  # a shorter long-poll is not worth holding the loop for
+# How often an agent holding a rank of a forming gang asks for its start.
+GANG_LEASE_S = 0.25
 EXIT_DONE, EXIT_ERROR, EXIT_GONE = 0, 1, 2
 MIN_FLUSH_S = 2.0  # after a SIGTERM, the least time left to deliver reports and deregister
 
@@ -196,6 +198,7 @@ class Agent:
             memory_mb=host.memory_mb(),
             agent_version=__version__,
             identity=self.metadata.identity() if self.metadata else None,
+            address=host.private_address(self.s.provider),
         )
         saved = credentials.load_worker(self.state_dir)
         if saved is not None and not saved.matches(self.s.server_url, self.s.pool, instance_id):
@@ -478,6 +481,8 @@ class Agent:
         heartbeat or preemption check, and not for a moment too short to be worth it."""
         if self.tasks or len(self.outbox) or self.signals != self.signals_seen:
             return 0.0
+        if getattr(self.api, "gang_reserved", False):
+            return 0.0  # a rank of a forming gang asks for its start every GANG_LEASE_S
         until = min(self.t.lease_wait_s, self.next_heartbeat - now)
         if self.metadata is not None:
             until = min(until, self.next_notice - now)
@@ -539,6 +544,11 @@ class Agent:
         else:
             self.empty_leases = 0 if got else min(self.empty_leases + 1, 8)
             self.next_lease = now + self.t.lease_s * min(2 ** max(self.empty_leases - 1, 0), IDLE_LEASE_BACKOFF_MAX)
+        if getattr(self.api, "gang_reserved", False):
+            # This machine holds a rank of a gang still forming: its start comes on a
+            # lease, and all ranks should start together, so ask again soon.
+            self.empty_leases = 0
+            self.next_lease = now + min(self.t.lease_s, GANG_LEASE_S)
         self.outbox.deliver(self.api)
 
     def _reachable(self, now: float) -> None:

@@ -49,6 +49,7 @@ class ServerApi:
         )
         self.worker_id: str | None = None
         self._token: str | None = None
+        self.gang_reserved = False  # the last lease: a rank of a forming gang waits here
 
     def close(self) -> None:
         self._http.close()
@@ -86,9 +87,13 @@ class ServerApi:
         """A task, or None. With `wait_s`, the server may hold the request that long
         for work to appear (long-poll); the call's timeout grows by as much."""
         if wait_s <= 0:
-            return LeaseReply.model_validate(self._call(self._worker("lease"), {})).task
-        path = f"{self._worker('lease')}?wait_s={wait_s:.3f}"
-        return LeaseReply.model_validate(self._call(path, {}, timeout_s=self.timeout_s + wait_s)).task
+            reply = LeaseReply.model_validate(self._call(self._worker("lease"), {}))
+        else:
+            path = f"{self._worker('lease')}?wait_s={wait_s:.3f}"
+            reply = LeaseReply.model_validate(self._call(path, {}, timeout_s=self.timeout_s + wait_s))
+        # Kept for the loop: a rank of a forming gang waits here, so poll again soon.
+        self.gang_reserved = reply.reserved
+        return reply.task
 
     def start(self, task_id: str) -> None:
         self._call(self._worker(f"tasks/{task_id}/start"), {})

@@ -240,6 +240,7 @@ def agent_env_names() -> frozenset[str]:
             "AUTOSCALER_RUN_AS_RANGE",
             "AUTOSCALER_ALLOW_ROOT_TASKS",
             "AUTOSCALER_STATE_DIR",
+            "AUTOSCALER_ADDRESS",
         }
     )
 

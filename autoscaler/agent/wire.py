@@ -50,6 +50,7 @@ class RegisterBody(BaseModel):
     agent_version: str = ""
     retry_key: str | None = None
     identity: dict[str, str] | None = None
+    address: str | None = None
 
 
 class Registered(_Reply):
@@ -122,6 +123,7 @@ class LeasedTask(_Reply):
 
 class LeaseReply(_Reply):
     task: LeasedTask | None = None
+    reserved: bool = False  # this worker holds a rank of a forming gang
 
 
 class LogChunk(BaseModel):

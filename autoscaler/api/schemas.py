@@ -77,7 +77,14 @@ class CodeIn(Body):
 class TaskIn(Body):
     queue: Name
     command: list[Arg] = Field(min_length=1, max_length=4096)
-    gpus: int = Field(0, ge=0, le=64)
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per node.")
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Machines the task runs on at once, `gpus` on each: all ranks start together or none does "
+        "(docs/gangs.md). 1: a single-node task.",
+    )
     gpu_type: Annotated[str, StringConstraints(max_length=64)] | None = None
     cpus: float = Field(0, ge=0, le=1024)
     memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024)
@@ -173,6 +180,7 @@ class TaskOut(Out):
     image: str | None = None
     image_pull_secret: str | None = None
     gpus: int
+    nodes: int = 1
     gpu_type: str | None
     cpus: float
     memory_mb: int
@@ -239,14 +247,31 @@ class TaskEventOut(Out):
     detail: str
 
 
+class TaskRankOut(Out):
+    """One rank of a multi-node task's attempt."""
+
+    attempt: int
+    rank: int
+    worker_id: str
+    gpu_indices: list[int]
+    state: str
+    exit_code: int | None
+    end_reason: str | None
+    reserved_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
 class TaskDetail(TaskOut):
     events: list[TaskEventOut]
     attempt_costs: list[TaskAttemptOut] = []
+    ranks: list[TaskRankOut] = Field(default_factory=list, description="A multi-node task's ranks, every attempt.")
 
 
 class LogChunkOut(Out):
     id: int
     attempt: int
+    rank: int = 0
     stream: str
     data: str
     at: datetime
@@ -289,6 +314,8 @@ class RegisterIn(Body):
     # The cloud's signed statement of who this machine is (AWS: the instance identity
     # document and its signature); checked when the pool is configured to verify it.
     identity: dict[IdentityKey, IdentityValue] | None = Field(None, max_length=8)
+    # The machine's private address (a gang's MASTER_ADDR when it holds rank 0).
+    address: Annotated[str, StringConstraints(max_length=255, pattern=r"^[A-Za-z0-9.:\-\[\]%]*$")] | None = None
 
 
 class RegisterOut(BaseModel):
@@ -350,6 +377,9 @@ class TransfersOut(BaseModel):
 
 class LeaseOut(BaseModel):
     task: LeasedTaskOut | None
+    # No task, but this worker holds a rank of a gang that is still forming: its start
+    # comes on a later lease, so the agent asks again soon (docs/gangs.md).
+    reserved: bool = False
 
 
 class FinishIn(Body):

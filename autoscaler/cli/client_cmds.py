@@ -121,7 +121,11 @@ def read_secret_env_file(path: str) -> dict[str, str]:
 def enqueue(
     command: Annotated[list[str], typer.Argument(help="The program and its arguments, after `--`.")],
     queue: Annotated[str, typer.Option("--queue", "-q", help="Queue name.")],
-    gpus: Annotated[int, typer.Option(help="GPUs needed.")] = 0,
+    gpus: Annotated[int, typer.Option(help="GPUs needed (per node).")] = 0,
+    nodes: Annotated[
+        int,
+        typer.Option(help="Machines to run on at once, --gpus on each; all ranks start together (docs/gangs.md)."),
+    ] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="GPU model wanted, e.g. A100.")] = None,
     cpus: Annotated[float, typer.Option(help="CPUs needed.")] = 0,
     memory_mb: Annotated[int, typer.Option(help="Memory needed (MiB).")] = 0,
@@ -219,6 +223,7 @@ def enqueue(
         command,
         queue=queue,
         gpus=gpus,
+        nodes=nodes,
         gpu_type=gpu_type,
         cpus=cpus,
         memory_mb=memory_mb,
@@ -338,8 +343,9 @@ def task_show(
         pull = f" (pull secret {task['image_pull_secret']})" if task.get("image_pull_secret") else ""
         out.print(f"image: {task['image']}{pull}")
     retry = task.get("retry_on_exit_codes")
+    nodes = int(task.get("nodes") or 1)
     out.print(
-        f"gpus: {task['gpus']}  {attempts_summary(task)} (attempts started {task['attempts']})  "
+        f"gpus: {task['gpus']}{f' x {nodes} nodes' if nodes > 1 else ''}  {attempts_summary(task)} (attempts started {task['attempts']})  "
         f"exit: {task['exit_code']}  end: {end_text(task)}"
     )
     out.print(
@@ -357,6 +363,12 @@ def task_show(
             task["attempt_costs"],
             ["attempt", "instance_id", "gpus", "started_at", "ended_at", "gpu_hours", "cost_usd"],
             title="attempts (cost as accrued by the last reconcile cycle)",
+        )
+    if task.get("ranks"):
+        print_table(
+            task["ranks"],
+            ["attempt", "rank", "worker_id", "state", "gpu_indices", "exit_code", "end_reason", "started_at"],
+            title="ranks",
         )
     if task.get("unschedulable_reason"):
         out.print(Text.assemble(("unschedulable: ", "bold red"), task["unschedulable_reason"]))
@@ -409,12 +421,13 @@ def task_why(
 def logs(
     task_id: str,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the task ends.")] = False,
+    rank: Annotated[int | None, typer.Option(help="A multi-node task: only this rank's output.")] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
 ) -> None:
     """Print a task's output."""
-    for chunk in sdk_client(server, token, home).task(task_id).logs(follow=follow):
+    for chunk in sdk_client(server, token, home).task(task_id).logs(follow=follow, rank=rank):
         typer.echo(chunk.data, nl=False, err=chunk.stream == "stderr")
 
 

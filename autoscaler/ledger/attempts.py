@@ -33,8 +33,11 @@ def instance_of_worker(session: Session, worker_id: str) -> str | None:
     return session.scalar(select(Instance.id).where(Instance.worker_id == worker_id).limit(1))
 
 
-def open_attempt(session: Session, task: Task, *, now: datetime) -> TaskAttempt:
-    """The task was just leased (its worker and attempt number are set)."""
+def open_attempt(session: Session, task: Task, *, now: datetime) -> TaskAttempt | None:
+    """The task was just leased (its worker and attempt number are set). A gang's
+    attempts are its ranks', opened as each is reserved (`queueing.gangs.reserve`)."""
+    if (task.nodes or 1) > 1:
+        return None
     row = TaskAttempt(
         task_id=task.id,
         attempt=task.attempts,

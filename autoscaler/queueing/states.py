@@ -14,19 +14,31 @@ from sqlalchemy.orm import Session
 from autoscaler.errors import Conflict
 from autoscaler.ledger.attempts import close_attempt, open_attempt
 from autoscaler.lifecycle import (
+    RANK_TRANSITIONS,
     TASK_ACTIVE,
     TASK_FINAL,
     TASK_TRANSITIONS,
     WORKER_TRANSITIONS,
     IllegalTransition,
+    RankState,
     TaskState,
     WorkerState,
     check_transition,
 )
 from autoscaler.state.lifecycle_log import note
-from autoscaler.state.models import Task, TaskEvent, Worker
+from autoscaler.state.models import Task, TaskEvent, TaskRank, Worker
 
-__all__ = ["ACTIVE", "FINAL", "TRANSITIONS", "TaskState", "WorkerState", "move_worker", "transition"]
+__all__ = [
+    "ACTIVE",
+    "FINAL",
+    "TRANSITIONS",
+    "RankState",
+    "TaskState",
+    "WorkerState",
+    "move_rank",
+    "move_worker",
+    "transition",
+]
 
 
 # Re-exported under their old names: the callers' vocabulary ("ACTIVE", "FINAL").
@@ -98,3 +110,18 @@ def move_worker(worker: Worker, to: WorkerState) -> None:
     except IllegalTransition as e:
         raise Conflict(str(e)) from None
     worker.state = to.value
+
+
+def move_rank(rank: TaskRank, to: RankState, *, now: datetime) -> None:
+    """Move one rank of a gang to `to`, or raise Conflict if the table forbids it.
+    Staying put is allowed (a second stop request, a retried end report)."""
+    current = RankState(rank.state)
+    if current == to:
+        return
+    try:
+        check_transition(RANK_TRANSITIONS, "rank", f"{rank.task_id}/{rank.rank}", current, to)
+    except IllegalTransition as e:
+        raise Conflict(str(e)) from None
+    rank.state = to.value
+    if to in (RankState.EXITED, RankState.RELEASED):
+        rank.ended_at = now

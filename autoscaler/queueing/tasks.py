@@ -16,23 +16,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, true
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.fit import Need, Room, gpu_type_matches
-from autoscaler.admission.gate import Machine, added_spend, largest_admissible
+from autoscaler.admission.gate import Machine, added_spend, gang_limits, largest_admissible
 from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.admission.shapes import Catalog
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
-from autoscaler.lifecycle import WORKER_LEASABLE, WorkerState
+from autoscaler.lifecycle import RANK_ACTIVE, RANK_HOLDING, WORKER_LEASABLE, RankState, WorkerState
 from autoscaler.planner.runtime_estimate import RuntimePrior
-from autoscaler.queueing import runtime_history
-from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_worker, transition
-from autoscaler.state.models import Instance, QueueRow, Snapshot, Task, TaskEvent, TaskLog, Worker, new_id
+from autoscaler.queueing import gangs, runtime_history
+from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_rank, move_worker, transition
+from autoscaler.state.lifecycle_log import note
+from autoscaler.state.models import (
+    Instance,
+    QueueRow,
+    Snapshot,
+    Task,
+    TaskEvent,
+    TaskLog,
+    TaskRank,
+    Worker,
+    new_id,
+)
 
 LEASE_TTL = timedelta(seconds=90)
 _ACTIVE = tuple(s.value for s in ACTIVE)
@@ -52,7 +63,9 @@ MAX_LOG_CHUNK = 256 * 1024
 class TaskSpec:
     queue: str
     command: list[str]
-    gpus: int = 0
+    gpus: int = 0  # per node
+    # Machines it runs on at once (a gang, see queueing.gangs); 1: a single-node task.
+    nodes: int = 1
     gpu_type: str | None = None
     cpus: float = 0
     memory_mb: int = 0
@@ -180,9 +193,11 @@ def enqueue(
             f"not {spec.max_attempts}"
         )
     retry_codes = validate_retry_codes(spec.retry_on_exit_codes)
+    if isinstance(spec.nodes, bool) or not 1 <= spec.nodes <= gangs.MAX_NODES:
+        raise InvalidInput(f"nodes must be 1-{gangs.MAX_NODES} (machines the task runs on at once), not {spec.nodes}")
     if shapes is not None:
         need = Need(gpus=spec.gpus, gpu_type=spec.gpu_type, cpus=spec.cpus, memory_mb=spec.memory_mb)
-        refused = shapes.refusal(queue.name, queue.pools or [], need)
+        refused = shapes.gang_refusal(queue.name, queue.pools or [], need, spec.nodes)
         if refused:
             raise InvalidInput(refused)
     both = sorted(set(spec.env) & set(spec.secret_env))
@@ -198,6 +213,11 @@ def enqueue(
     if (code or spec.setup or outputs or checkpoint_dir) and spec.working_dir:
         raise InvalidInput(
             "code, setup, outputs and checkpoint_dir work in the task's own directory; drop working_dir to use them"
+        )
+    if spec.nodes > 1 and (code or outputs or checkpoint_dir):
+        raise InvalidInput(
+            "a multi-node task cannot carry code, outputs or a checkpoint_dir yet (docs/gangs.md): put the code "
+            "on the machines or in an image, and write results to shared storage"
         )
     runtime = runtime_history.settle(
         session,
@@ -221,6 +241,7 @@ def enqueue(
         image=validate_image(spec.image, spec.image_pull_secret, spec.secret_env),
         image_pull_secret=spec.image_pull_secret,
         gpus=spec.gpus,
+        nodes=spec.nodes,
         gpu_type=spec.gpu_type,
         cpus=spec.cpus,
         memory_mb=spec.memory_mb,
@@ -270,20 +291,31 @@ def _busy_indices(session: Session, worker_id: str) -> tuple[set[int], list[Task
         session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
     )
     used = {int(i) for t in active for i in (t.gpu_indices or [])}
+    # A gang's ranks hold GPUs from their reservation on, also while being stopped.
+    ranks = gangs.holding_on(session, worker_id)
+    used |= {int(i) for r in ranks for i in (r.gpu_indices or [])}
+    for task_id in sorted({r.task_id for r in ranks}):
+        gang = session.get(Task, task_id)
+        if gang is not None:
+            active.append(gang)
     return used, active
 
 
 def team_usage(session: Session) -> dict[str, tuple[int, int]]:
     """GPUs and tasks each team holds now (GPUs first: the dominant resource here)."""
+    # A gang counts all its ranks' GPUs, from its first reservation on.
+    reserving = select(TaskRank.task_id).where(TaskRank.state == RankState.RESERVED.value)
     rows = session.execute(
-        select(Task.team, func.sum(Task.gpus), func.count())
-        .where(Task.state.in_([s.value for s in ACTIVE]))
+        select(Task.team, func.sum(Task.gpus * Task.nodes), func.count())
+        .where(or_(Task.state.in_([s.value for s in ACTIVE]), Task.id.in_(reserving)))
         .group_by(Task.team)
     )
     return {team: (int(gpus or 0), int(n)) for team, gpus, n in rows}
 
 
-def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
+def lease(
+    session: Session, worker_id: str, *, now: datetime, gang_settings: gangs.GangSettings | None = None
+) -> Task | None:
     """Give the worker the best queued task that fits it and that admission allows, or None.
 
     "Fits" is every resource: free GPUs, GPU type, free CPUs and free memory. "Allows"
@@ -294,14 +326,34 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     do not fit can hide one that does. Order: the team's priority tier, queue
     priority, task priority, weighted fair share between teams (fewest GPUs held per
     unit of weight first), then age.
+
+    A multi-node task (a gang) is leased one rank at a time (`queueing.gangs`): this
+    returns None while its reservation is partial, the task when this lease completed
+    it, and, on the next lease of every other rank's worker, the task again (its start).
+    Gangs that already hold ranks are served before anything else.
     """
+    settings = gang_settings or gangs.GangSettings()
     # Idle agents poll every few seconds, and most polls find nothing: answer those
     # with one indexed probe (ix_tasks_lease leads with state) instead of a row lock
     # and several queries. Skipping is safe: a task queued just after the probe is
     # seen by the next poll, exactly as if it had been queued just after a full lease.
     # (The poll then does not refresh last_heartbeat; heartbeats do that.)
-    if session.scalar(select(Task.id).where(Task.state == TaskState.QUEUED.value).limit(1)) is None:
+    # The same probe asks whether a gang's start waits for this worker.
+    queued, starts = session.execute(
+        select(
+            exists().where(Task.state == TaskState.QUEUED.value),
+            exists().where(
+                TaskRank.worker_id == worker_id,
+                TaskRank.state == RankState.LEASED.value,
+                TaskRank.delivered_at.is_(None),
+            ),
+        )
+    ).one()
+    if not queued and not starts:
         return None
+    if queued:  # a reserving gang is queued: only then can a reservation be stale
+        release_stale_reservations(session, now=now, timeout_s=settings.reservation_timeout_s)
+    pending = gangs.pending_start(session, worker_id) if starts else None
     # Touch the worker first: on PostgreSQL this row lock serialises two leases by the
     # same worker (so GPU indices are never handed out twice); a draining or gone
     # worker matches nothing and gets nothing.
@@ -309,6 +361,9 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     if worker is None:
         raise NotFound(f"worker {worker_id} is not registered")
     worker.last_heartbeat = now
+    if pending is not None:
+        pending.delivered_at = now
+        return session.get(Task, pending.task_id)
     if worker.state not in WORKER_LEASABLE:
         return None
     queues = {q.name: q.priority for q in session.scalars(select(QueueRow)) if worker.pool in (q.pools or [])}
@@ -325,10 +380,12 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
     machine = machine_of(session, worker, active)
     table = admission_store.load(session)
     usage = team_usage(session)
-    choice = _choose(session, queues, room, machine, table, usage)
+    choice = _choose(session, queues, room, machine, table, usage, worker_id=worker_id)
     if choice is None:
         return None
     task, adm = choice
+    if gangs.is_gang(task):
+        return _reserve_rank(session, task, adm, worker, machine, free, table, usage, now=now)
     if adm is not None and not admission_store.spend_headroom(
         session, adm, added_spend(adm, machine, task.gpus), now=now
     ):
@@ -347,6 +404,76 @@ def lease(session: Session, worker_id: str, *, now: datetime) -> Task | None:
         held[task.team] = held.get(task.team, 0) + task.gpus
         reclaim_borrowed(session, table, held, now=now)
     return task
+
+
+def _reserve_rank(
+    session: Session,
+    task: Task,
+    adm: TeamAdmission | None,
+    worker: Worker,
+    machine: Machine,
+    free: Sequence[int],
+    table: AdmissionTable | None,
+    usage: Mapping[str, tuple[int, int]],
+    *,
+    now: datetime,
+) -> Task | None:
+    """Hold one rank of the gang on this worker; the task when that completed it."""
+    taken = gangs.current(session, task)
+    # The whole gang's spend is taken at its first reservation (each rank priced as
+    # this machine): admitted whole, or not at all.
+    whole = added_spend(adm, machine, task.gpus) * task.nodes if adm is not None else 0.0
+    if not taken and adm is not None and not admission_store.spend_headroom(session, adm, whole, now=now):
+        return None
+    rank = gangs.reserve(session, task, worker, free[: task.gpus], now=now)
+    move_worker(worker, WorkerState.BUSY)
+    worker.idle_since = None
+    if not taken and adm is not None and adm.quota is not None and table is not None:
+        held = {t: g for t, (g, _n) in usage.items()}
+        held[task.team] = held.get(task.team, 0) + task.gpus * task.nodes
+        reclaim_borrowed(session, table, held, now=now)
+    ranks = [*taken, rank]
+    if len(ranks) < task.nodes:
+        return None
+    task.attempts += 1
+    task.worker_id = None  # a gang's workers are its ranks'
+    task.gpu_indices = []
+    task.lease_deadline = now + LEASE_TTL
+    task.exit_code = None
+    task.end_reason = None
+    workers = ", ".join(r.worker_id for r in ranks)
+    transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"{task.nodes} ranks: {workers}")
+    gangs.complete(session, ranks, now=now)
+    rank.delivered_at = now
+    return task
+
+
+def release_stale_reservations(session: Session, *, now: datetime, timeout_s: float) -> list[str]:
+    """Partial gang reservations older than `timeout_s` are given up (their GPUs go
+    back to everyone), so no two gangs wait on each other for ever. Returns the gangs.
+
+    The gang goes behind the work already waiting: one that cannot complete (wider
+    than the machines there are now) would otherwise, as the oldest, form again at
+    once and keep every other gang from forming (one forms at a time, `_choose`)."""
+    stale = gangs.stale_reservations(session, now=now, timeout_s=timeout_s)
+    for task_id, ranks in stale.items():
+        task = session.get(Task, task_id)
+        for wid in gangs.release(session, ranks, now=now, reason=gangs.TIMED_OUT):
+            _release_worker(session, wid, now)
+        if task is not None:
+            task.sort_key = now
+            note(
+                session,
+                "task %s (team %s): partial reservation (%d of %d ranks) released after %.0f s",
+                task.id,
+                task.team,
+                len(ranks),
+                task.nodes,
+                timeout_s,
+                task_id=task.id,
+                team=task.team,
+            )
+    return list(stale)
 
 
 def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) -> Machine:
@@ -384,13 +511,27 @@ def _choose(
     machine: Machine,
     table: AdmissionTable | None,
     usage: Mapping[str, tuple[int, int]],
+    *,
+    worker_id: str = "",
 ) -> tuple[Task, TeamAdmission | None] | None:
     """The task to lease and its team's admission (None before any evaluation)."""
+    holding = tuple(s.value for s in RANK_HOLDING)
+    held_here = select(TaskRank.task_id).where(TaskRank.worker_id == worker_id, TaskRank.state.in_(holding))
+    reserving = gangs.reserving_ids(session)
     fit: list[ColumnElement[bool]] = [
         Task.state == TaskState.QUEUED.value,
         Task.queue.in_(list(queues)),
         Task.gpus <= room.gpus,
+        # One rank of a gang per machine: its ranks are machines.
+        or_(Task.nodes <= 1, Task.id.not_in(held_here)),
     ]
+    if reserving and session.scalar(select(exists().where(Task.id.in_(reserving), Task.queue.in_(list(queues))))):
+        # One gang forms at a time among the queues this machine serves: a second gang
+        # may not start reserving until the first has all its ranks or timed out.
+        # Two gangs each holding part of the machines they both need would otherwise
+        # wait on each other until their timeouts, and could trade machines and wait
+        # again for ever (found by tests/queueing/test_gang_property.py).
+        fit.append(or_(Task.nodes <= 1, Task.id.in_(reserving)))
     if room.cpus is not None:
         fit.append(Task.cpus <= room.cpus + 1e-9)
     if room.memory_mb is not None:
@@ -408,23 +549,24 @@ def _choose(
     else:
         held = {t: g for t, (g, _n) in usage.items()}
         quotas = table.quotas()
-        by_limit: dict[tuple[int, int], list[str]] = defaultdict(list)
+        Limits = tuple[int | None, tuple[int, int | None] | None]
+        by_limit: dict[tuple[int, Limits], list[str]] = defaultdict(list)
         for team, adm in table.teams.items():
             if team == DEFAULT_TEAM:
                 continue
             adm_of[team] = adm
-            limit = largest_admissible(adm, machine, quota_room(team, quotas, held))
-            if limit is not None:
-                by_limit[(adm.priority_tier, limit)].append(team)
-        for (tier, limit), teams in by_limit.items():
-            tiers[tier].append(and_(Task.team.in_(teams), Task.gpus <= limit))
+            q = quota_room(team, quotas, held)
+            limits = (largest_admissible(adm, machine, q), gang_limits(adm, machine, q))
+            if limits != (None, None):
+                by_limit[(adm.priority_tier, limits)].append(team)
+        for (tier, limits), teams in by_limit.items():
+            tiers[tier].append(and_(Task.team.in_(teams), _admissible(*limits, reserving)))
         default = table.of(DEFAULT_TEAM)
-        limit = largest_admissible(default, machine, None)
-        if limit is not None:
+        limits = (largest_admissible(default, machine, None), gang_limits(default, machine, None))
+        if limits != (None, None):
             known = [t for t in table.teams if t != DEFAULT_TEAM]
-            tiers[default.priority_tier].append(
-                and_(Task.team.not_in(known), Task.gpus <= limit) if known else Task.gpus <= limit
-            )
+            cond = _admissible(*limits, reserving)
+            tiers[default.priority_tier].append(and_(Task.team.not_in(known), cond) if known else cond)
     order = (QueueRow.priority.desc(), Task.priority.desc(), Task.sort_key, Task.id)
     postgres = session.get_bind().dialect.name == "postgresql"
 
@@ -438,8 +580,13 @@ def _choose(
         # CPU-only work holds no GPUs, so the task count breaks ties between teams.
         return (gpus / weight, count / weight)
 
-    for tier in sorted(tiers, reverse=True):
-        where = [*fit, or_(*tiers[tier])]
+    # Gangs holding part of a reservation go first, anywhere they fit: finishing one
+    # frees its GPUs sooner than starting another would, and keeps a gang released
+    # after its timeout from taking its workers straight back.
+    passes: list[list[ColumnElement[bool]]] = [[Task.id.in_(reserving)]] if reserving else []
+    passes.append([])
+    for extra, tier in ((e, t) for e in passes for t in sorted(tiers, reverse=True)):
+        where = [*fit, *extra, or_(*tiers[tier])]
         base = select(Task).join(QueueRow, QueueRow.name == Task.queue).where(*where)
         # On PostgreSQL a concurrent leaser may take the rows seen by one query before
         # the next runs (read committed): look again, a few times, before giving up.
@@ -465,6 +612,24 @@ def _choose(
             if task is not None:
                 return task, admission_of(task.team)
     return None
+
+
+def _admissible(
+    single: int | None, gang: tuple[int, int | None] | None, reserving: Sequence[str]
+) -> ColumnElement[bool]:
+    """The query's admission condition for one team: a single-node task within
+    `largest_admissible`, a gang within `gang_limits` (a gang already reserving was
+    counted whole at its first rank)."""
+    conds: list[ColumnElement[bool]] = []
+    if single is not None:
+        conds.append(and_(Task.nodes <= 1, Task.gpus <= single))
+    if gang is not None:
+        per_rank, total = gang
+        parts: list[ColumnElement[bool]] = [Task.nodes > 1, Task.gpus <= per_rank]
+        if total is not None:
+            parts.append(or_(Task.gpus * Task.nodes <= total, Task.id.in_(list(reserving))))
+        conds.append(and_(*parts))
+    return or_(*conds) if conds else Task.id.is_(None)
 
 
 def reclaim_borrowed(session: Session, table: AdmissionTable, held: Mapping[str, int], *, now: datetime) -> None:
@@ -497,6 +662,13 @@ def reclaim_borrowed(session: Session, table: AdmissionTable, held: Mapping[str,
 
 def _worker_task(session: Session, worker_id: str, task_id: str) -> Task:
     task = session.get(Task, task_id, with_for_update=True)
+    if (
+        task is not None
+        and task.worker_id != worker_id
+        and gangs.is_gang(task)
+        and gangs.rank_of(session, task_id, worker_id) is not None
+    ):
+        return task
     if task is None or task.worker_id != worker_id:
         raise NotFound(f"task {task_id} is not leased by worker {worker_id}")
     return task
@@ -504,6 +676,12 @@ def _worker_task(session: Session, worker_id: str, task_id: str) -> Task:
 
 def mark_started(session: Session, worker_id: str, task_id: str, *, now: datetime) -> Task:
     task = _worker_task(session, worker_id, task_id)
+    if gangs.is_gang(task):
+        rank = gangs.rank_of(session, task_id, worker_id)
+        if rank is None or rank.state != RankState.LEASED.value:
+            return task  # being stopped, or a retried report
+        move_rank(rank, RankState.RUNNING, now=now)
+        rank.started_at = now
     if task.state == TaskState.LEASED.value:
         task.started_at = now
         transition(session, task, TaskState.RUNNING, reason="started", now=now)
@@ -588,8 +766,57 @@ def finish(
     if reason not in END_REASONS:
         raise InvalidInput(f"unknown end reason {reason!r}; expected one of {', '.join(END_REASONS)}")
     task = _worker_task(session, worker_id, task_id)
+    if gangs.is_gang(task):
+        return _finish_rank(session, worker_id, task, now=now, reason=reason, exit_code=exit_code, detail=detail)
     if task.state not in {s.value for s in ACTIVE}:
         return task  # a retried report: the first one won
+    _end_attempt(session, task, now=now, reason=reason, exit_code=exit_code, detail=detail)
+    _release_worker(session, worker_id, now)
+    return task
+
+
+def _finish_rank(
+    session: Session, worker_id: str, task: Task, *, now: datetime, reason: str, exit_code: int | None, detail: str
+) -> Task:
+    """One rank of a gang ended. The gang succeeds when every rank exited 0; any other
+    end of any rank ends the gang's attempt: the other ranks are stopped and the task
+    goes where a single task's attempt ending so would (retried, requeued, failed)."""
+    rank = gangs.rank_of(session, task.id, worker_id)
+    if rank is None:
+        return task  # a retried report: the first one won
+    was_stopping = rank.state == RankState.STOPPING.value
+    move_rank(rank, RankState.EXITED, now=now)
+    rank.exit_code = exit_code
+    rank.end_reason = (reason if reason != "exit" else f"exit {exit_code}")[:64]
+    gangs.close_rank_attempt(session, rank, now=now)
+    if not was_stopping and task.state in {s.value for s in ACTIVE}:
+        if reason == "exit" and exit_code == 0 and not task.cancel_requested:
+            if not any(r.state in {s.value for s in RANK_ACTIVE} for r in gangs.current(session, task)):
+                _end_attempt(session, task, now=now, reason=reason, exit_code=exit_code, detail=detail)
+        else:
+            gangs.stop_others(session, task, rank, now=now)
+            why = f"rank {rank.rank} on worker {worker_id}: {rank.end_reason}"
+            # An interruption's detail is its kind (`interrupted:<detail>` is the end
+            # reason): the rank goes in the history's note instead.
+            if reason == "interrupted":
+                why = ""
+            _end_attempt(
+                session,
+                task,
+                now=now,
+                reason=reason,
+                exit_code=exit_code,
+                detail=f"{why}; {detail}" if why and detail else (why or detail),
+            )
+    _release_worker(session, worker_id, now)
+    return task
+
+
+def _end_attempt(
+    session: Session, task: Task, *, now: datetime, reason: str, exit_code: int | None, detail: str
+) -> None:
+    """Move an active task to where an attempt ending so takes it (the worker's side is
+    the caller's)."""
     task.exit_code = exit_code
     if reason == "exit" and exit_code == 0:
         task.end_reason = "exit_code"
@@ -601,8 +828,7 @@ def finish(
         task.end_reason = f"interrupted:{detail or 'unknown'}"
         transition(session, task, TaskState.INTERRUPTED, reason=task.end_reason, now=now, detail=detail)
         requeue_or_fail(session, task, now=now, reason=task.end_reason)
-        _release_worker(session, worker_id, now)
-        return task
+        return
     else:
         # The task's own failure: it spends one of max_attempts, and is retried unless
         # `retry_refusal` says why not.
@@ -621,15 +847,12 @@ def finish(
             task.worker_id = None
             task.gpu_indices = []
             task.lease_deadline = None
-            _release_worker(session, worker_id, now)
-            return task
+            return
         transition(
             session, task, TaskState.FAILED, reason=why, now=now, detail=f"{refusal}; {detail}" if detail else refusal
         )
     task.finished_at = now
     task.lease_deadline = None
-    _release_worker(session, worker_id, now)
-    return task
 
 
 def _release_worker(session: Session, worker_id: str, now: datetime) -> None:
@@ -637,6 +860,8 @@ def _release_worker(session: Session, worker_id: str, now: datetime) -> None:
     if worker is None or worker.state != WorkerState.BUSY:
         return
     _used, active = _busy_indices(session, worker_id)
+    if gangs.holding_on(session, worker_id):
+        return
     if not [t for t in active if t.worker_id == worker_id and t.state in {s.value for s in ACTIVE}]:
         move_worker(worker, WorkerState.IDLE)
         worker.idle_since = now
@@ -647,6 +872,8 @@ def cancel(session: Session, task: Task, *, now: datetime) -> Task:
     if task.state in {s.value for s in FINAL}:
         return task
     if task.state == TaskState.QUEUED.value:
+        for wid in gangs.release(session, gangs.current(session, task), now=now, reason="canceled"):
+            _release_worker(session, wid, now)
         task.end_reason = "canceled"
         task.finished_at = now
         transition(session, task, TaskState.CANCELED, reason="canceled by user", now=now)
@@ -668,6 +895,22 @@ def interrupt_worker_tasks(session: Session, worker_id: str, *, now: datetime, r
         task.end_reason = f"{to.value}:{reason}"
         transition(session, task, to, reason=task.end_reason, now=now)
         requeue_or_fail(session, task, now=now, reason=task.end_reason)
+    # Its ranks of gangs: a reserved one is given up (the gang reserves another), one
+    # of a running gang ends the whole gang's attempt, as a machine-caused end.
+    for rank in gangs.holding_on(session, worker_id):
+        gang = session.get(Task, rank.task_id, with_for_update=True)
+        was_active = rank.state in {s.value for s in RANK_ACTIVE}
+        gangs.release(session, [rank], now=now, reason=f"worker gone: {reason}")
+        if gang is None or not was_active or gang.state not in {s.value for s in ACTIVE}:
+            continue
+        to = TaskState.LOST if lost else TaskState.INTERRUPTED
+        gangs.stop_others(session, gang, rank, now=now)
+        for wid in gangs.released_workers(session, gang):
+            _release_worker(session, wid, now)
+        gang.end_reason = f"{to.value}:{reason}"
+        transition(session, gang, to, reason=gang.end_reason, now=now, detail=f"rank {rank.rank} on worker {worker_id}")
+        requeue_or_fail(session, gang, now=now, reason=gang.end_reason)
+        tasks.append(gang)
     return tasks
 
 
@@ -675,8 +918,10 @@ def append_logs(
     session: Session, worker_id: str, task_id: str, chunks: Sequence[tuple[str, str]], *, now: datetime
 ) -> int:
     task = session.get(Task, task_id)
-    if task is None or task.worker_id != worker_id:
+    rank = gangs.rank_of(session, task_id, worker_id) if task is not None and gangs.is_gang(task) else None
+    if task is None or (task.worker_id != worker_id and rank is None):
         raise NotFound(f"task {task_id} is not leased by worker {worker_id}")
+    attempt, rank_no = (rank.attempt, rank.rank) if rank is not None else (task.attempts, 0)
     total = 0
     for stream, data in chunks:
         if stream not in ("stdout", "stderr"):
@@ -684,16 +929,18 @@ def append_logs(
         total += len(data)
         if total > MAX_LOG_CHUNK:
             raise InvalidInput(f"log upload exceeds {MAX_LOG_CHUNK} bytes; send smaller chunks")
-        session.add(TaskLog(task_id=task_id, attempt=task.attempts, stream=stream, data=data, at=now))
+        session.add(TaskLog(task_id=task_id, attempt=attempt, rank=rank_no, stream=stream, data=data, at=now))
     return len(chunks)
 
 
-def read_logs(session: Session, task_id: str, *, after: int = 0, limit: int = 1000) -> list[TaskLog]:
-    return list(
-        session.scalars(
-            select(TaskLog).where(TaskLog.task_id == task_id, TaskLog.id > after).order_by(TaskLog.id).limit(limit)
-        )
-    )
+def read_logs(
+    session: Session, task_id: str, *, after: int = 0, limit: int = 1000, rank: int | None = None
+) -> list[TaskLog]:
+    """The task's log chunks after `after`; with `rank`, only that rank's (a gang's)."""
+    stmt = select(TaskLog).where(TaskLog.task_id == task_id, TaskLog.id > after)
+    if rank is not None:
+        stmt = stmt.where(TaskLog.rank == rank)
+    return list(session.scalars(stmt.order_by(TaskLog.id).limit(limit)))
 
 
 def expire_leases(session: Session, *, now: datetime) -> list[Task]:
@@ -706,8 +953,10 @@ def expire_leases(session: Session, *, now: datetime) -> list[Task]:
     for task in tasks:
         worker_id = task.worker_id
         task.end_reason = "lost:lease_expired"
+        if gangs.is_gang(task):
+            gangs.stop_others(session, task, None, now=now)
         transition(session, task, TaskState.LOST, reason="lease expired", now=now)
         requeue_or_fail(session, task, now=now, reason="lease expired")
-        if worker_id:
-            _release_worker(session, worker_id, now)
+        for wid in [worker_id] if worker_id else gangs.released_workers(session, task):
+            _release_worker(session, wid, now)
     return tasks

@@ -27,8 +27,17 @@ from sqlalchemy.orm import Session
 from autoscaler.auth import security
 from autoscaler.auth.tokens import create_token
 from autoscaler.errors import Conflict, Forbidden, NotFound, SecurityNote
-from autoscaler.lifecycle import INSTANCE_ENDED, INSTANCE_RUNNING, WORKER_LEASABLE, WORKER_LIVE, WorkerState
-from autoscaler.queueing import gpu_samples
+from autoscaler.lifecycle import (
+    INSTANCE_ENDED,
+    INSTANCE_RUNNING,
+    RANK_ACTIVE,
+    TASK_ACTIVE,
+    WORKER_LEASABLE,
+    WORKER_LIVE,
+    RankState,
+    WorkerState,
+)
+from autoscaler.queueing import gangs, gpu_samples
 from autoscaler.queueing.states import ACTIVE, TaskState, move_worker
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
@@ -43,6 +52,8 @@ NOTICE_PREFIX = "spot notice"
 # finish (or the interruption notice that may follow brings the deadline forward).
 REBALANCE_NO_DEADLINE_S = 7 * 24 * 3600.0
 _OPEN = INSTANCE_RUNNING
+_RANK_ACTIVE = {s.value for s in RANK_ACTIVE}
+_TASK_ACTIVE = {s.value for s in TASK_ACTIVE}
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class Registration:
     agent_version: str = ""
     tenancy: str = "team"
     unused_cost: str = "launcher"
+    # The machine's private address (a gang's MASTER_ADDR when it holds rank 0).
+    address: str | None = None
     # A random secret the agent process keeps in memory: it lets that process, and only
     # it, retry a join whose answer it lost (the join token alone is then spent).
     retry_key: str | None = None
@@ -347,6 +360,7 @@ def _new_worker(session: Session, reg: Registration, *, now: datetime, launch: I
         agent_version=reg.agent_version[:32],
         tenancy=reg.tenancy,
         unused_cost=reg.unused_cost,
+        address=reg.address[:255] if reg.address else None,
     )
     session.add(worker)
     session.flush()
@@ -428,6 +442,16 @@ def heartbeat(
     tasks = list(
         session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
     )
+    # Its ranks of gangs: one of the running attempt is known; one being stopped is
+    # not (so the agent, which still runs it, is told to stop it), and is given up
+    # once the agent no longer runs it.
+    for rank in gangs.holding_on(session, worker_id):
+        if rank.state in _RANK_ACTIVE:
+            gang = session.get(Task, rank.task_id)
+            if gang is not None and gang.state in _TASK_ACTIVE:
+                tasks.append(gang)
+        elif rank.state == RankState.STOPPING.value and running is not None and rank.task_id not in running:
+            gangs.release(session, [rank], now=now, reason="stopped")
     for t in tasks:
         if t.state == TaskState.LEASED.value:
             t.lease_deadline = now + LEASE_TTL
@@ -463,6 +487,8 @@ def drain(
         busy = session.scalar(
             select(Task.id).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])).limit(1)
         )
+        ranks = gangs.holding_on(session, worker_id)
+        busy = busy or (ranks[0].task_id if ranks else None)
         if busy is not None:
             raise Conflict(f"worker {worker_id} leased task {busy} meanwhile; not draining an idle-only drain")
     move_worker(worker, WorkerState.DRAINING)

@@ -21,7 +21,15 @@ from sqlalchemy.orm import Session
 from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
-from autoscaler.lifecycle import INSTANCE_LIVE, INSTANCE_OPEN, INSTANCE_RUNNING, TASK_ACTIVE, WORKER_LIVE
+from autoscaler.lifecycle import (
+    INSTANCE_LIVE,
+    INSTANCE_OPEN,
+    INSTANCE_RUNNING,
+    RANK_HOLDING,
+    TASK_ACTIVE,
+    WORKER_LIVE,
+    RankState,
+)
 from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.planner.model import (
     DemandGroup,
@@ -34,7 +42,7 @@ from autoscaler.planner.model import (
 )
 from autoscaler.planner.reclaim_rate import ReclaimEstimate
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, SpotOfferingInput, TeamInput
-from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, Worker
+from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, TaskRank, Worker
 
 ACTIVE_TASK_STATES = TASK_ACTIVE
 LIVE_WORKER_STATES = WORKER_LIVE
@@ -104,7 +112,7 @@ def observe(
     running_gpus: Counter[str] = Counter()
     running_by_queue: Counter[str] = Counter()
     for queue, team, n, gpus in session.execute(
-        select(Task.queue, Task.team, func.count(), func.sum(Task.gpus))
+        select(Task.queue, Task.team, func.count(), func.sum(Task.gpus * Task.nodes))
         .where(Task.state.in_(ACTIVE_TASK_STATES))
         .group_by(Task.queue, Task.team)
     ):
@@ -124,6 +132,25 @@ def observe(
             .group_by(Task.worker_id)
         )
     }
+    # Ranks of gangs hold their workers from the reservation on (also while being
+    # stopped): such a worker is busy, never idle capacity nor a scale-down candidate.
+    holding = [r.value for r in RANK_HOLDING]
+    for wid, team, k, gs, cs, ms in session.execute(
+        select(
+            TaskRank.worker_id,
+            Task.team,
+            func.count(),
+            func.sum(Task.gpus),
+            func.sum(Task.cpus),
+            func.sum(Task.memory_mb),
+        )
+        .join(Task, Task.id == TaskRank.task_id)
+        .where(TaskRank.state.in_(holding))
+        .group_by(TaskRank.worker_id, Task.team)
+    ):
+        n0, g0, c0, m0 = load.get(wid, (0, 0, 0.0, 0))
+        load[wid] = (n0 + int(k), g0 + int(gs or 0), c0 + float(cs or 0.0), m0 + int(ms or 0))
+        tenants[wid].add(team)
     # Plain column rows, not ORM objects: loading entities decoded every worker's JSON
     # columns (GPU list, metrics) and filled the identity map for nothing, which was
     # most of this function's time at 1,000 workers and grew faster than the fleet.
@@ -338,43 +365,49 @@ def _null_first(v: object) -> tuple[bool, object]:
     return (v is not None, v)
 
 
+def _shape_columns() -> tuple[Any, ...]:
+    """The stored columns demand is grouped by, in the order of `ix_tasks_demand`."""
+    return (
+        Task.queue,
+        Task.team,
+        Task.gpus,
+        Task.gpu_type,
+        Task.priority,
+        Task.cpus,
+        Task.memory_mb,
+        Task.runtime_class_s,
+        Task.checkpoints,
+        Task.end_reason,
+    )
+
+
+_QUEUED_DEMAND = (Task.state == "queued", Task.unschedulable_reason.is_(None))
+
+
 def demand_query() -> Select[*tuple[Any, ...]]:
     """Queued, schedulable tasks grouped by their stored shape and end reason, in the
-    column order of the covering index `ix_tasks_demand`."""
+    column order of the covering index `ix_tasks_demand`: machines wanted (a gang is
+    `nodes` of them) and the oldest sort key."""
+    shape = _shape_columns()
+    # A task no pool of its queue can run (queueing.unschedulable) is no demand.
+    return select(*shape, func.sum(Task.nodes), func.min(Task.sort_key)).where(*_QUEUED_DEMAND).group_by(*shape)
+
+
+def _reserved_ranks_query() -> Select[*tuple[Any, ...]]:
+    """Ranks queued gangs already hold, by the same shape: machines no longer wanted.
+    A separate query, so the demand query stays on its covering index; few rows (only
+    gangs forming right now)."""
+    shape = _shape_columns()
     return (
-        select(
-            Task.queue,
-            Task.team,
-            Task.gpus,
-            Task.gpu_type,
-            Task.priority,
-            Task.cpus,
-            Task.memory_mb,
-            Task.runtime_class_s,
-            Task.checkpoints,
-            Task.end_reason,
-            func.count(),
-            func.min(Task.sort_key),
-        )
-        # A task no pool of its queue can run (queueing.unschedulable) is no demand.
-        .where(Task.state == "queued", Task.unschedulable_reason.is_(None))
-        .group_by(
-            Task.queue,
-            Task.team,
-            Task.gpus,
-            Task.gpu_type,
-            Task.priority,
-            Task.cpus,
-            Task.memory_mb,
-            Task.runtime_class_s,
-            Task.checkpoints,
-            Task.end_reason,
-        )
+        select(*shape, func.count())
+        .join(TaskRank, TaskRank.task_id == Task.id)
+        .where(*_QUEUED_DEMAND, TaskRank.state == RankState.RESERVED.value)
+        .group_by(*shape)
     )
 
 
 def _demand(session: Session) -> tuple[DemandGroup, ...]:
-    """Queued tasks grouped by shape, oldest sort key per group.
+    """Queued tasks grouped by shape (machines wanted), oldest sort key per group.
 
     The query groups by the stored columns in the order of the covering index
     `ix_tasks_demand`, end reason included, so SQLite answers it from the index alone
@@ -396,6 +429,14 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
             first = oldest_of[key]
             if oldest is not None and (first is None or oldest < first):
                 oldest_of[key] = oldest
+    for row in session.execute(_reserved_ranks_query()):
+        queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason, n = row
+        reclaimed = end_reason == "interrupted:spot"
+        key = (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
+        if key in counts:
+            counts[key] -= int(n)
+    for key in [k for k, n in counts.items() if n <= 0]:
+        del counts[key], oldest_of[key]
     groups = []
     for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k)):
         q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints = shape

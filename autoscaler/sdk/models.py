@@ -52,6 +52,7 @@ class TaskInfo(_Reply):
     secret_env: dict[str, str] = Field(default_factory=dict)  # values are always ***
     working_dir: str | None = None
     gpus: int
+    nodes: int = 1  # machines it runs on at once (a gang: `gpus` on each)
     gpu_type: str | None = None
     cpus: float = 0
     memory_mb: int = 0
@@ -87,6 +88,7 @@ class TaskInfo(_Reply):
 class LogChunk(_Reply):
     id: int
     attempt: int
+    rank: int = 0  # which rank of a multi-node task wrote it
     stream: str  # "stdout" or "stderr"
     data: str
     at: datetime

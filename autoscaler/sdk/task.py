@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from autoscaler.sdk.errors import SdkError, WaitTimeout
 from autoscaler.sdk.models import Artifact, LogChunk, TaskInfo, WhyAnswer
@@ -46,16 +47,22 @@ class Task:
             left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
             self._sleep(left)
 
-    def _page(self, after: int) -> list[LogChunk]:
-        rows = self._api.get(f"/api/v1/tasks/{self.id}/logs", after=after, limit=LOG_PAGE)
+    def _page(self, after: int, rank: int | None = None) -> list[LogChunk]:
+        query: dict[str, Any] = {"after": after, "limit": LOG_PAGE}
+        if rank is not None:
+            query["rank"] = rank
+        rows = self._api.get(f"/api/v1/tasks/{self.id}/logs", **query)
         return [LogChunk.parse(r) for r in rows]
 
-    def logs(self, follow: bool = False, *, after: int = 0, poll_s: float = 1.0) -> Iterator[LogChunk]:
+    def logs(
+        self, follow: bool = False, *, after: int = 0, poll_s: float = 1.0, rank: int | None = None
+    ) -> Iterator[LogChunk]:
         """The task's output so far, chunk by chunk, stdout and stderr in the order the
         server stored them. `follow=True` keeps waiting for more until the task has
-        ended (then yields what came last). `after`: only chunks after this chunk id."""
+        ended (then yields what came last). `after`: only chunks after this chunk id.
+        `rank`: a multi-node task's one rank only (default: every rank's)."""
         while True:
-            page = self._page(after)
+            page = self._page(after, rank)
             for chunk in page:
                 after = chunk.id
                 yield chunk
@@ -66,7 +73,7 @@ class Task:
             if not page:
                 if self.info().done:
                     # The last chunks may have landed between the read and the state check.
-                    while page := self._page(after):
+                    while page := self._page(after, rank):
                         for chunk in page:
                             after = chunk.id
                             yield chunk

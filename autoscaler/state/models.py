@@ -167,6 +167,8 @@ class Task(Base):
     image: Mapped[str | None] = mapped_column(String(512), nullable=True)
     image_pull_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # Machines the task runs on at once (a gang: `gpus` on each; see queueing.gangs).
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     gpu_type: Mapped[str | None] = mapped_column(String(64))
     cpus: Mapped[float] = mapped_column(Float, default=0)
     memory_mb: Mapped[int] = mapped_column(Integer, default=0)
@@ -233,7 +235,7 @@ class Task(Base):
         Index("ix_tasks_team_state", "team", "state"),
         Index("ix_tasks_worker", "worker_id"),
         # The snapshot's demand query (GROUP BY shape over queued tasks) reads only
-        # this index, in its order: no table lookup, no sort (migrations 0014, 0015).
+        # this index, in its order: no table lookup, no sort (migrations 0014, 0015, 0016).
         Index(
             "ix_tasks_demand",
             "state",
@@ -249,6 +251,7 @@ class Task(Base):
             "checkpoints",
             "end_reason",
             "sort_key",
+            "nodes",
         ),
         Index("ix_tasks_history", "team", "queue", "command_key", "state"),
     )
@@ -275,8 +278,36 @@ class TaskLog(Base):
     stream: Mapped[str] = mapped_column(String(8))
     data: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime]
+    # Which rank of a multi-node task wrote it (0 for a single-node task).
+    rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (Index("ix_task_logs_task", "task_id", "id"),)
+
+
+class TaskRank(Base):
+    """One rank of a multi-node task's attempt: the worker it holds GPUs on, from its
+    reservation to its end (states in `autoscaler.lifecycle.RankState`)."""
+
+    __tablename__ = "task_ranks"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32), ForeignKey("tasks.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(32), index=True)
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str | None] = mapped_column(String(64))
+    reserved_at: Mapped[datetime]
+    # When its worker was handed the start (a lease answer); None: not yet.
+    delivered_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_task_ranks_task", "task_id", "attempt", "rank"),
+        Index("ix_task_ranks_state", "state"),
+    )
 
 
 class Worker(Base):
@@ -300,6 +331,8 @@ class Worker(Base):
     idle_since: Mapped[datetime | None]
     drain_deadline: Mapped[datetime | None]
     drain_reason: Mapped[str | None] = mapped_column(String(64))
+    # The private address the agent reported (a gang's MASTER_ADDR when it holds rank 0).
+    address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     gone_at: Mapped[datetime | None]
     gone_reason: Mapped[str | None] = mapped_column(String(64))
     agent_version: Mapped[str] = mapped_column(String(32), default="")

@@ -27,7 +27,7 @@ from autoscaler.auth.tokens import Principal
 from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
 from autoscaler.notify.deliver import delivery_rows
-from autoscaler.queueing import gpu_samples
+from autoscaler.queueing import gangs, gpu_samples
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
@@ -244,6 +244,7 @@ def task_page(request: Request, ctx: Ctx, task_id: str) -> Response:
             why=why,
             now=now,
             artifacts=list_artifacts(s, task.id),
+            ranks=gangs.all_ranks(s, task.id),
         )
 
 

@@ -51,6 +51,10 @@ def _wall_clock() -> datetime:
     return datetime.now(UTC)
 
 
+# The tag on each machine of a gang launch (`LaunchRequest.gang`).
+GANG_TAG = "autoscaler-gang"
+
+
 @dataclass(frozen=True)
 class Call:
     """One recorded call: `arg` is the LaunchRequest, the owner, or the tuple of ids."""
@@ -205,25 +209,35 @@ class FakeProvider:
         if known is not None:
             return [self._view(self.instances[i]) for i in known]
         offering = request.offering
+        nodes = max(request.nodes, 1)
         limit = self._capacity.get(offering.key)
         if limit is not None:
             in_use = sum(1 for i in self.live() if i.request.offering.key == offering.key)
-            if in_use >= limit:
+            # A gang's machines are launched all or nothing: capacity for fewer than
+            # all of them launches none.
+            if in_use + nodes > limit:
                 raise CapacityError(
-                    f"no {offering.capacity_type} capacity for {offering.instance_type} in {offering.zone or '-'}",
+                    f"no {offering.capacity_type} capacity for {nodes} x {offering.instance_type} "
+                    f"in {offering.zone or '-'}",
                     scope=Scope.OFFERING,
                     code="InsufficientInstanceCapacity",
                 )
-        inst = FakeInstance(
-            instance_id=next(self._ids),
-            request=request,
-            launched_at=self._now(),
-            zone=offering.zone,
-            tags=request.all_tags(),
-        )
-        self.instances[inst.instance_id] = inst
-        self._by_request[request.request_id] = [inst.instance_id]
-        return [self._view(inst)]
+        tags = request.all_tags()
+        if request.gang is not None:
+            tags[GANG_TAG] = request.gang
+        made = []
+        for _ in range(nodes):
+            inst = FakeInstance(
+                instance_id=next(self._ids),
+                request=request,
+                launched_at=self._now(),
+                zone=offering.zone,
+                tags=dict(tags),
+            )
+            self.instances[inst.instance_id] = inst
+            made.append(inst)
+        self._by_request[request.request_id] = [i.instance_id for i in made]
+        return [self._view(i) for i in made]
 
     def list(self, owner: str) -> list[ProviderInstance]:
         with self._lock:

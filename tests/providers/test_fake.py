@@ -158,3 +158,24 @@ def test_thousands_of_launches_stay_cheap(clock: ManualClock) -> None:
         fake.launch(req(f"r{n}"))
     assert len(fake.list("test")) == 2000
     assert fake.calls == []
+
+
+def test_a_gang_launch_is_n_machines_tagged_with_the_gang_or_none(fake: FakeProvider) -> None:
+    from dataclasses import replace
+
+    from providers.fake import GANG_TAG
+
+    got = fake.launch(replace(req("r-gang"), nodes=3, gang="t-1"))
+    assert len(got) == 3 and len({i.instance_id for i in got}) == 3
+    assert all(i.tags[GANG_TAG] == "t-1" for i in got)
+    # Retried with the same request id: the same three, not three more.
+    assert [i.instance_id for i in fake.launch(replace(req("r-gang"), nodes=3, gang="t-1"))] == [
+        i.instance_id for i in got
+    ]
+    assert len(fake.live()) == 3
+    # Capacity for fewer than all of a gang's machines launches none of them.
+    fake.set_capacity(OD.key, 2)
+    with pytest.raises(CapacityError, match=r"3 x g\.1"):
+        fake.launch(replace(req("r-gang-2", OD), nodes=3, gang="t-2"))
+    assert len(fake.live()) == 3
+    assert len(fake.launch(replace(req("r-gang-3", OD), nodes=2, gang="t-3"))) == 2

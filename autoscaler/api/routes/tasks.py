@@ -22,12 +22,13 @@ from autoscaler.api.schemas import (
     TaskGpuOut,
     TaskIn,
     TaskOut,
+    TaskRankOut,
     TaskWhyOut,
 )
 from autoscaler.auth.tokens import Principal
-from autoscaler.errors import Forbidden, NotFound
+from autoscaler.errors import Forbidden, InvalidInput, NotFound
 from autoscaler.ledger.attempts import attempts_of, task_totals
-from autoscaler.queueing import gpu_samples
+from autoscaler.queueing import gangs, gpu_samples
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.capacity_view import capacity_for
 from autoscaler.queueing.runtime_history import runtime_prior
@@ -119,6 +120,7 @@ def get_task(task_id: str, auth: Auth, ctx: Ctx) -> TaskDetail:
             **out.model_dump(),
             events=[TaskEventOut.model_validate(e) for e in events],
             attempt_costs=[TaskAttemptOut.model_validate(a) for a in attempts_of(s, [task.id])[task.id]],
+            ranks=[TaskRankOut.model_validate(r) for r in gangs.all_ranks(s, task.id)],
         )
 
 
@@ -172,7 +174,11 @@ def logs(
     ctx: Ctx,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # bounded: past 64 bits the driver overflows
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    rank: Annotated[int | None, Query(ge=0, le=255, description="Only this rank's output (a gang's).")] = None,
 ) -> list[LogChunkOut]:
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id)
-        return [LogChunkOut.model_validate(c) for c in ops.read_logs(s, task.id, after=after, limit=limit)]
+        if rank is not None and rank >= task.nodes:
+            raise InvalidInput(f"task {task.id} has {task.nodes} rank(s) (0-{task.nodes - 1}); there is no rank {rank}")
+        chunks = ops.read_logs(s, task.id, after=after, limit=limit, rank=rank)
+        return [LogChunkOut.model_validate(c) for c in chunks]

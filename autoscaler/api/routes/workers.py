@@ -30,6 +30,7 @@ from autoscaler.api.schemas import (
 )
 from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
+from autoscaler.queueing import gangs
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
 from autoscaler.queueing.states import TaskState
@@ -66,6 +67,7 @@ def register(body: RegisterIn, auth: Auth, ctx: Ctx) -> RegisterOut:
         simulated_gpus=any(g.simulated for g in body.gpus),
         agent_version=body.agent_version,
         retry_key=body.retry_key,
+        address=body.address or None,
         tenancy=_pool_setting(ctx, body.pool, "tenancy", "team"),
         unused_cost=_pool_setting(ctx, body.pool, "unused_cost", "launcher"),
     )
@@ -174,7 +176,8 @@ async def lease(
     while True:
         out = await run_in_threadpool(_lease_once, worker_id, auth, ctx)
         left = deadline - time.monotonic()
-        if out.task is not None or left <= 0 or ctx.lease_waiters.closed:
+        # A rank of a forming gang is answered at once: its agent polls for the start.
+        if out.task is not None or out.reserved or left <= 0 or ctx.lease_waiters.closed:
             return out
         await ctx.lease_waiters.wait(left)
 
@@ -182,8 +185,15 @@ async def lease(
 def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        task = task_ops.lease(s, worker_id, now=ctx.clock.now())
-        return LeaseOut(task=leased_task(s, ctx, worker_id, task) if task else None)
+        task = task_ops.lease(s, worker_id, now=ctx.clock.now(), gang_settings=gang_settings(ctx))
+        if task is None:
+            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id))
+        return LeaseOut(task=leased_task(s, ctx, worker_id, task))
+
+
+def gang_settings(ctx: AppContext) -> gangs.GangSettings:
+    g = ctx.config.gangs
+    return gangs.GangSettings(g.reservation_timeout_s, (g.master_port_min, g.master_port_max))
 
 
 def leased_task(session: Session, ctx: AppContext, worker_id: str, task: Task) -> LeasedTaskOut | None:
@@ -191,6 +201,13 @@ def leased_task(session: Session, ctx: AppContext, worker_id: str, task: Task) -
     (its key was removed from the key file) fails the task now, with the reason in its
     history, instead of leaving it at the head of its queue for every poll to trip on."""
     base = TaskOut.model_validate(task).model_dump()
+    rank = gangs.rank_of(session, task.id, worker_id) if gangs.is_gang(task) else None
+    if rank is not None:
+        # This worker's rank: its GPUs, and where the other ranks meet (docs/gangs.md).
+        port_range = gang_settings(ctx).master_port_range
+        base["env"] = {**base["env"], **gangs.rendezvous_env(session, task, rank, port_range=port_range)}
+        base["gpu_indices"] = list(rank.gpu_indices)
+        base["worker_id"] = worker_id
     try:
         base["transfers"] = transfers_for(session, ctx, worker_id, task)
     except AutoscalerError as exc:  # no store, no key, snapshot gone: the attempt cannot start
