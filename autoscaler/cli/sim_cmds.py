@@ -41,6 +41,20 @@ def simulate(
             help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.",
         ),
     ] = None,
+    checkpoints_share: Annotated[
+        float,
+        typer.Option(
+            "--checkpoints-share",
+            help="What-if: this share (0-1) of tasks, drawn from the seed, checkpoints on the spot notice and says so at enqueue.",
+        ),
+    ] = 0.0,
+    expected_runtime_known: Annotated[
+        bool,
+        typer.Option(
+            "--expected-runtime-known",
+            help="What-if: every task declares its true run time at enqueue (default: estimated from history).",
+        ),
+    ] = False,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
@@ -64,7 +78,17 @@ def simulate(
             "add a wider instance type or split those tasks"
         )
     checkpoint_s = None if checkpoint_every is None else checkpoint_every * 60.0
-    settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate, checkpoint_every_s=checkpoint_s)
+    if not 0.0 <= checkpoints_share <= 1.0:
+        raise InvalidInput(
+            f"--checkpoints-share {checkpoints_share:g}: expected a share of tasks between 0 and 1 (e.g. 0.3)"
+        )
+    settings = SimSettings(
+        seed=seed,
+        preemption_per_hour=preemption_rate,
+        checkpoint_every_s=checkpoint_s,
+        checkpoints_share=checkpoints_share,
+        expected_runtime_known=expected_runtime_known,
+    )
     with Progress(
         TextColumn("[bold]simulating[/bold] {task.description}"),
         BarColumn(),
