@@ -46,6 +46,7 @@ def managed_spot(workload: Workload, config: AutoscalerConfig, settings: SimSett
     offers = [o for p in config.pools for o in catalog_offerings(p)]
     keys = checkpointing_keys(workload, settings.checkpoints_share, settings.seed)
     lo, hi = settings.boot_delay_s
+    forced = settings.reclaim_first_spot_after_s
     stop_at = max((t.arrival_s for t in workload.tasks), default=0.0) + settings.horizon_after_last_arrival_s
     spans: list[Span] = []
     results: list[TaskResult] = []
@@ -63,7 +64,11 @@ def managed_spot(workload: Workload, config: AutoscalerConfig, settings: SimSett
             counts["fallbacks"] += int(fallback)
             ready = t + rng.uniform(lo, hi)
             rate = zone_rate(settings, o.zone)
-            reclaim = t + rng.expovariate(rate) * 3600.0 if o.capacity_type == "spot" and rate > 0 else float("inf")
+            reclaim = float("inf")
+            if o.capacity_type == "spot" and forced is not None:
+                reclaim, forced = t + forced, None  # tests: the first spot machine, as in the engine
+            elif o.capacity_type == "spot" and rate > 0:
+                reclaim = t + rng.expovariate(rate) * 3600.0
             if reclaim <= ready:  # reclaimed while booting: relaunch in the next zone
                 spans.append(Span(task.team, o.gpus, o.hourly_price, t, min(reclaim, stop_at), None))
                 counts["preemptions"] += 1
