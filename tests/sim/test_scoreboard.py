@@ -164,3 +164,24 @@ def test_expected_runtime_known_declares_the_true_run_time(tmp_path: Path) -> No
     with out.sessions() as s:
         [row] = s.scalars(select(Task))
         assert row.expected_runtime_s == 1800.0
+
+
+def test_cli_what_if_flags_reach_the_report(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [*cmd, "--checkpoints-share", "1", "--expected-runtime-known"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["settings"]["checkpoints_share"] == 1.0 and rep["settings"]["expected_runtime_known"] is True
+    assert rep["reclaim_aware_bound"]["checkpointing_tasks"] == 6
+    assert rep["lower_bound_usd"] <= rep["reclaim_aware_bound"]["usd"]
+    assert "| reclaim-aware bound |" in proc.stdout and "| managed_spot |" in proc.stdout
+    bad = subprocess.run([*cmd, "--checkpoints-share", "1.5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "--checkpoints-share 1.5: expected a share of tasks between 0 and 1" in bad.stderr
+    assert "Traceback" not in bad.stderr
