@@ -31,8 +31,13 @@ def simulate(
         "sim-out"
     ),
     preemption_rate: Annotated[
-        float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")
-    ] = 0.24,
+        float | None,
+        typer.Option(
+            "--preemption-rate",
+            min=0,
+            help="Spot reclaims per instance-hour in every zone. Default: the default world's per-zone rates, or 0.24 with --config.",
+        ),
+    ] = None,
     checkpoint_every: Annotated[
         float | None,
         typer.Option(
@@ -59,7 +64,7 @@ def simulate(
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
     from autoscaler.sim import report as sim_report
-    from autoscaler.sim.catalog import default_config
+    from autoscaler.sim.catalog import DEFAULT_ZONE_RATES, default_config
     from autoscaler.sim.engine import SimSettings
     from autoscaler.sim.runner import run_simulation
     from autoscaler.sim.workload import load_workload
@@ -82,9 +87,13 @@ def simulate(
         raise InvalidInput(
             f"--checkpoints-share {checkpoints_share:g}: expected a share of tasks between 0 and 1 (e.g. 0.3)"
         )
+    # One rate given applies to every zone; without one the default world keeps its
+    # per-zone rates (a --config has none, so its zones get the middle value, 0.24).
+    by_zone = DEFAULT_ZONE_RATES if config is None and preemption_rate is None else {}
     settings = SimSettings(
         seed=seed,
-        preemption_per_hour=preemption_rate,
+        preemption_per_hour=0.24 if preemption_rate is None else preemption_rate,
+        preemption_by_zone=by_zone,
         checkpoint_every_s=checkpoint_s,
         checkpoints_share=checkpoints_share,
         expected_runtime_known=expected_runtime_known,

@@ -185,3 +185,20 @@ def test_cli_what_if_flags_reach_the_report(tmp_path: Path) -> None:
     assert bad.returncode == 1
     assert "--checkpoints-share 1.5: expected a share of tasks between 0 and 1" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_default_world_is_two_clouds_with_per_zone_rates() -> None:
+    from autoscaler.sim.catalog import DEFAULT_ZONE_RATES, default_config
+
+    cfg = default_config(("lab",))
+    assert [p.name for p in cfg.pools] == ["aws-v100", "azure-v100"]
+    assert cfg.queues[0].pools == ["aws-v100", "azure-v100"]
+    prices = {t.name: (t.on_demand_price, t.spot_price) for p in cfg.pools for t in p.instance_types}
+    # Straight from the shared catalog's rows.
+    assert prices["p3.2xlarge"] == (3.06, 0.92) and prices["NC6s v3"] == (3.06, 1.35)
+    assert {t.gpu_type for p in cfg.pools for t in p.instance_types} == {"V100"}
+    zones = [z for p in cfg.pools for z in p.zones]
+    assert sorted(zones) == sorted(DEFAULT_ZONE_RATES)
+    rates = list(DEFAULT_ZONE_RATES.values())
+    # Within the public traces' range (0.10-1.39 per up-hour), and not one rate for all.
+    assert all(0.10 <= r <= 1.39 for r in rates) and max(rates) / min(rates) > 5
