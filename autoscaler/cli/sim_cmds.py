@@ -31,8 +31,13 @@ def simulate(
         "sim-out"
     ),
     preemption_rate: Annotated[
-        float, typer.Option("--preemption-rate", help="Spot reclaims per instance-hour.")
-    ] = 0.24,
+        float | None,
+        typer.Option(
+            "--preemption-rate",
+            min=0,
+            help="Spot reclaims per instance-hour in every zone. Default: the default world's per-zone rates, or 0.24 with --config.",
+        ),
+    ] = None,
     checkpoint_every: Annotated[
         float | None,
         typer.Option(
@@ -41,11 +46,25 @@ def simulate(
             help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.",
         ),
     ] = None,
+    checkpoints_share: Annotated[
+        float,
+        typer.Option(
+            "--checkpoints-share",
+            help="What-if: this share (0-1) of tasks, drawn from the seed, checkpoints on the spot notice and says so at enqueue.",
+        ),
+    ] = 0.0,
+    expected_runtime_known: Annotated[
+        bool,
+        typer.Option(
+            "--expected-runtime-known",
+            help="What-if: every task declares its true run time at enqueue (default: estimated from history).",
+        ),
+    ] = False,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
     from autoscaler.sim import report as sim_report
-    from autoscaler.sim.catalog import default_config
+    from autoscaler.sim.catalog import DEFAULT_ZONE_RATES, default_config
     from autoscaler.sim.engine import SimSettings
     from autoscaler.sim.runner import run_simulation
     from autoscaler.sim.workload import load_workload
@@ -64,7 +83,21 @@ def simulate(
             "add a wider instance type or split those tasks"
         )
     checkpoint_s = None if checkpoint_every is None else checkpoint_every * 60.0
-    settings = SimSettings(seed=seed, preemption_per_hour=preemption_rate, checkpoint_every_s=checkpoint_s)
+    if not 0.0 <= checkpoints_share <= 1.0:
+        raise InvalidInput(
+            f"--checkpoints-share {checkpoints_share:g}: expected a share of tasks between 0 and 1 (e.g. 0.3)"
+        )
+    # One rate given applies to every zone; without one the default world keeps its
+    # per-zone rates (a --config has none, so its zones get the middle value, 0.24).
+    by_zone = DEFAULT_ZONE_RATES if config is None and preemption_rate is None else {}
+    settings = SimSettings(
+        seed=seed,
+        preemption_per_hour=0.24 if preemption_rate is None else preemption_rate,
+        preemption_by_zone=by_zone,
+        checkpoint_every_s=checkpoint_s,
+        checkpoints_share=checkpoints_share,
+        expected_runtime_known=expected_runtime_known,
+    )
     with Progress(
         TextColumn("[bold]simulating[/bold] {task.description}"),
         BarColumn(),

@@ -1,9 +1,18 @@
-"""The default simulated fleet: one pool priced from the shared price catalog
-(`shared/data/prices/fsdl-cloud-gpus/cloud-gpus.csv`, about October 2023).
+"""The default simulated world: V100 pools on two clouds priced from the shared price
+catalog (`shared/data/prices/fsdl-cloud-gpus/cloud-gpus.csv`, about October 2023), in
+zones with different spot reclaim rates.
 
-The default pool is AWS's V100 family (1, 4 and 8 GPUs), the GPU the Philly run times
-are measured on. `default_config` builds a whole `AutoscalerConfig` for a workload:
-its teams, one `gpu` queue and that pool, with the fake provider standing in for AWS.
+- AWS, us-west-2: p3.2xlarge, p3.8xlarge, p3.16xlarge (1, 4, 8 V100), zones a, b, c at
+  the reclaims per up-hour the public p3.2xlarge traces measured there (0.16, 0.10,
+  0.15; shared/data/README.md).
+- Azure, eastus: NC6s v3, NC12s v3, NC24s v3 (1, 2, 4 V100), three zones. No public
+  Azure trace exists, so their rates are the AWS us-east-1 zones' (c 0.67, d 0.60,
+  f 0.44): the harsh end of the same table, giving a spread of more than 6x.
+
+V100 is the GPU the Philly run times are measured on. `default_config` builds a whole
+`AutoscalerConfig` for a workload: its teams, one `gpu` queue over both pools, the fake
+provider standing in for each cloud; `DEFAULT_ZONE_RATES` is the matching
+`SimSettings.preemption_by_zone`.
 """
 
 from __future__ import annotations
@@ -18,7 +27,12 @@ from autoscaler.errors import InvalidInput
 DEFAULT_CATALOG = Path("..") / "shared" / "data" / "prices" / "fsdl-cloud-gpus" / "cloud-gpus.csv"
 DEFAULT_CLOUD = "AWS"
 DEFAULT_GPU = "V100 (16 GB)"
-DEFAULT_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+# (pool, catalog cloud, region, {zone: reclaims per spot instance-hour})
+DEFAULT_POOLS: tuple[tuple[str, str, str, dict[str, float]], ...] = (
+    ("aws-v100", "AWS", "us-west-2", {"us-west-2a": 0.16, "us-west-2b": 0.10, "us-west-2c": 0.15}),
+    ("azure-v100", "Azure", "eastus", {"eastus-1": 0.67, "eastus-2": 0.60, "eastus-3": 0.44}),
+)
+DEFAULT_ZONE_RATES: dict[str, float] = {z: r for _, _, _, rates in DEFAULT_POOLS for z, r in rates.items()}
 
 
 def catalog_instance_types(
@@ -58,18 +72,21 @@ def default_config(
     max_instances: int = 5000,
     idle_timeout_s: float = 300.0,
 ) -> AutoscalerConfig:
-    pool = PoolConfig(
-        name="aws-v100",
-        provider="fake",
-        region="us-east-1",
-        zones=list(DEFAULT_ZONES),
-        instance_types=catalog_instance_types(catalog),
-        max_instances=max_instances,
-        idle_timeout_s=idle_timeout_s,
-    )
+    pools = [
+        PoolConfig(
+            name=name,
+            provider="fake",
+            region=region,
+            zones=list(rates),
+            instance_types=catalog_instance_types(catalog, cloud=cloud),
+            max_instances=max_instances,
+            idle_timeout_s=idle_timeout_s,
+        )
+        for name, cloud, region, rates in DEFAULT_POOLS
+    ]
     return AutoscalerConfig(
         deployment="sim",
         teams=[TeamConfig(name=t) for t in teams],
-        queues=[QueueConfig(name="gpu", pools=[pool.name])],
-        pools=[pool],
+        queues=[QueueConfig(name="gpu", pools=[p.name for p in pools])],
+        pools=pools,
     )

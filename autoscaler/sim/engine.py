@@ -37,6 +37,7 @@ from autoscaler.queueing.queues import sync_from_config
 from autoscaler.reconciler.cycle import CycleResult, Reconciler
 from autoscaler.sim.agents import AgentOps, SimAgent
 from autoscaler.sim.budgets import read_budgets
+from autoscaler.sim.whatif import checkpoint_every_s, checkpointing_keys
 from autoscaler.sim.workload import TraceTask, Workload
 from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance, Worker, seeded_ids
@@ -82,6 +83,11 @@ class SimSettings:
     # deadline), nothing when its machine just vanishes; N > 0, also a checkpoint every
     # N seconds of run time.
     checkpoint_every_s: float | None = None
+    # What-ifs (`autoscaler.sim.whatif`): a seeded share of tasks checkpoints on the
+    # notice (and says so at enqueue, `checkpoints: on-signal`); every task declares its
+    # true run time (`expected_runtime_s`) instead of leaving it to the estimator.
+    checkpoints_share: float = 0.0
+    expected_runtime_known: bool = False
     # Stop this long after the last arrival even if work is still held (counted unfinished).
     horizon_after_last_arrival_s: float = 60 * 86400.0
     start: datetime = SIM_START
@@ -195,6 +201,7 @@ class Simulation:
         self.sessions = sessions
         self.progress = progress
         self.rng = random.Random(self.settings.seed)
+        self.checkpointing = checkpointing_keys(workload, self.settings.checkpoints_share, self.settings.seed)
         self.clock = ManualClock(self.settings.start)
         self.policy = RecordingPolicy(policy)
         self.fakes: dict[str, FakeProvider] = {
@@ -460,7 +467,12 @@ class Simulation:
         with transaction(self.sessions) as s:
             for t in batch:
                 spec = task_ops.TaskSpec(
-                    queue=t.queue, command=["sim", t.key], gpus=t.gpus, max_attempts=self.settings.max_attempts
+                    queue=t.queue,
+                    command=["sim", t.key],
+                    gpus=t.gpus,
+                    max_attempts=self.settings.max_attempts,
+                    checkpoints="on-signal" if t.key in self.checkpointing else None,
+                    expected_runtime_s=t.duration_s if self.settings.expected_runtime_known else None,
                 )
                 row = task_ops.enqueue(s, spec, team=t.team, now=now)
                 self.tasks[row.id] = TaskTrack(t, self.now_s)
@@ -531,7 +543,8 @@ class Simulation:
         self._running -= 1
         track.state = ended.state
         if interrupted:
-            kept = kept_s(ended.ran_s, self.settings.checkpoint_every_s, told_to_stop=interrupted in ("spot", "drain"))
+            every = checkpoint_every_s(track.trace.key, self.settings.checkpoint_every_s, self.checkpointing)
+            kept = kept_s(ended.ran_s, every, told_to_stop=interrupted in ("spot", "drain"))
             track.kept_s += kept
             lost_gpu_s = ended.gpus * (ended.ran_s - kept)
             track.lost_gpu_s += lost_gpu_s

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoscaler.sim import baselines, metrics
+from autoscaler.sim import baselines, bounds, managed_spot, metrics
 from autoscaler.sim.engine import SimOutcome
 
 
@@ -16,13 +16,18 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
     wl, cfg, st = outcome.workload, outcome.config, outcome.settings
     ours = metrics.ours(outcome, policy_dir)
     lower = baselines.lower_bound(wl, cfg)
+    aware = bounds.reclaim_aware_bound(wl, cfg, st)
+    aware_usd = float(aware["usd"])
     report: dict[str, Any] = {
         "workload": {"name": wl.name, "tasks": len(wl.tasks), "teams": list(wl.teams), "notes": list(wl.notes)},
         "settings": {
             "seed": st.seed,
             "boot_delay_s": list(st.boot_delay_s),
             "preemption_per_hour": st.preemption_per_hour,
+            "preemption_by_zone": dict(sorted(st.preemption_by_zone.items())),
             "checkpoint_every_s": st.checkpoint_every_s,
+            "checkpoints_share": st.checkpoints_share,
+            "expected_runtime_known": st.expected_runtime_known,
             "reconcile_interval_s": cfg.reconcile.interval_s,
             "pools": [p.name for p in cfg.pools],
         },
@@ -35,7 +40,10 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         "lower_bound_usd": lower,
         "lower_bound_work_gpu_hours": round(sum(t.gpus * t.duration_s for t in wl.tasks) / 3600, 1),
         "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
+        "reclaim_aware_bound": aware,
+        "cost_vs_reclaim_aware_bound": round(ours["total_cost_usd"] / aware_usd, 3) if aware_usd else None,
         "baselines": {
+            "managed_spot": managed_spot.managed_spot(wl, cfg, st),
             "clearml_style": baselines.clearml_style(wl, cfg, st),
             "static_fleet": baselines.static_fleet(wl, cfg),
         },
@@ -45,6 +53,8 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lb = report["lower_bound_usd"]
+    # Reports written before the reclaim-aware bound existed have none.
+    ra = (report.get("reclaim_aware_bound") or {}).get("usd")
     rows = [("ours", report), *report["baselines"].items()]
     lines = [
         f"# Simulation: {report['workload']['name']}",
@@ -53,17 +63,22 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['simulation']['virtual_days']} virtual days in {report['simulation']['wall_s']} s "
         f"({report['simulation']['cycles']} reconcile cycles).",
         "",
-        "| system | cost USD | x lower bound | tasks finished | USD per finished GPU-h | wait p50 | wait p95 "
+        "| system | cost USD | x lower bound | x reclaim-aware bound | tasks finished | USD per finished GPU-h | wait p50 | wait p95 "
         "| wait p99 | GPU-h used | GPU-h idle | GPU-h booting | lost to preemption USD | launches | preemptions |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| lower bound | {lb:,.2f} | 1.00 | all | {_per_h(lb, report['lower_bound_work_gpu_hours'])} "
-        "| 0 | 0 | 0 | | 0 | 0 | 0 | | |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| lower bound (spot, no reclaim) | {lb:,.2f} | 1.00 | {_ratio(lb, ra)} | all "
+        f"| {_per_h(lb, report['lower_bound_work_gpu_hours'])} | 0 | 0 | 0 | | 0 | 0 | 0 | | |",
     ]
+    if ra is not None:
+        lines.append(
+            f"| reclaim-aware bound | {ra:,.2f} | {_ratio(ra, lb)} | 1.00 | all "
+            f"| {_per_h(ra, report['lower_bound_work_gpu_hours'])} | 0 | 0 | 0 | | 0 | 0 | 0 | | |"
+        )
     for name, r in rows:
         w, g, c, t = r["waits_s"], r["gpu_hours"], r["counts"], r["tasks"]
-        ratio = f"{r['total_cost_usd'] / lb:.2f}" if lb else "-"
         lines.append(
-            f"| {name} | {r['total_cost_usd']:,.2f} | {ratio} | {t['succeeded']}/{t['total']} "
+            f"| {name} | {r['total_cost_usd']:,.2f} | {_ratio(r['total_cost_usd'], lb)} "
+            f"| {_ratio(r['total_cost_usd'], ra)} | {t['succeeded']}/{t['total']} "
             f"| {_per_h(r['total_cost_usd'], r['completed_work_gpu_hours'])} | {_dur(w['p50'])} | {_dur(w['p95'])} "
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
@@ -86,6 +101,10 @@ def markdown(report: dict[str, Any]) -> str:
     if report["workload"]["notes"]:
         lines += ["", "Notes: " + "; ".join(report["workload"]["notes"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(usd: float, bound: float | None) -> str:
+    return f"{usd / bound:.2f}" if bound else "-"
 
 
 def _per_h(usd: float, gpu_hours: float) -> str:

@@ -95,7 +95,7 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     rep = json.loads((tmp_path / "report.json").read_text())
     for key in ("total_cost_usd", "lower_bound_usd", "waits_s", "teams"):
         assert key in rep
-    assert set(rep["baselines"]) == {"clearml_style", "static_fleet"}
+    assert set(rep["baselines"]) == {"clearml_style", "managed_spot", "static_fleet"}
     assert set(rep["baselines"]["clearml_style"]) >= {"total_cost_usd", "waits_s", "teams", "gpu_hours"}
     assert rep["total_cost_usd"] >= rep["lower_bound_usd"] > 0
     for png in ("fleet_and_queue.png", "spend_vs_budget.png"):
