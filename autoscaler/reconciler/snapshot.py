@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -406,6 +406,14 @@ def _reserved_ranks_query() -> Select[*tuple[Any, ...]]:
     )
 
 
+def _demand_key(shape: Sequence[Any]) -> _DemandKey:
+    """A row of `_shape_columns` as a demand key: the end reason folded to "after a
+    spot reclaim or not", moved after priority."""
+    queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason = shape
+    reclaimed = end_reason == "interrupted:spot"
+    return (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
+
+
 def _demand(session: Session) -> tuple[DemandGroup, ...]:
     """Queued tasks grouped by shape (machines wanted), oldest sort key per group.
 
@@ -418,10 +426,8 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
     part of the plan, and an explicit sort makes it the same on PostgreSQL too."""
     counts: dict[_DemandKey, int] = {}
     oldest_of: dict[_DemandKey, datetime | None] = {}
-    for row in session.execute(demand_query()):
-        queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason, n, oldest = row
-        reclaimed = end_reason == "interrupted:spot"
-        key = (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
+    for *columns, n, oldest in session.execute(demand_query()):
+        key = _demand_key(columns)
         if key not in counts:
             counts[key], oldest_of[key] = int(n), oldest
         else:
@@ -429,10 +435,8 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
             first = oldest_of[key]
             if oldest is not None and (first is None or oldest < first):
                 oldest_of[key] = oldest
-    for row in session.execute(_reserved_ranks_query()):
-        queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason, n = row
-        reclaimed = end_reason == "interrupted:spot"
-        key = (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
+    for *columns, n in session.execute(_reserved_ranks_query()):
+        key = _demand_key(columns)
         if key in counts:
             counts[key] -= int(n)
     for key in [k for k, n in counts.items() if n <= 0]:
