@@ -21,7 +21,7 @@ from autoscaler.planner.model import DemandGroup
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.reconciler.snapshot import demand_query, observe
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Task
+from autoscaler.state.models import Task, TaskRank
 
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 _n = 0
@@ -112,3 +112,28 @@ def test_sqlite_answers_the_demand_query_from_the_covering_index(
         steps = [str(r[-1]) for r in s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
     assert any("COVERING INDEX ix_tasks_demand" in step for step in steps), steps
     assert not any("TEMP B-TREE" in step for step in steps), steps
+
+
+def test_a_gang_wants_its_nodes_less_the_ranks_it_already_holds(
+    sessions: sessionmaker[Session], config: AutoscalerConfig
+) -> None:
+    gang, other = _task(nodes=3, age_s=20), _task(nodes=2, age_s=10)
+    with transaction(sessions) as s:
+        sync_from_config(s, config, now=NOW)
+        s.execute(insert(Task), [gang, other])
+        for rank, state in ((0, "reserved"), (1, "released")):  # a released rank is wanted again
+            s.add(
+                TaskRank(
+                    task_id=gang["id"],
+                    attempt=1,
+                    rank=rank,
+                    worker_id=f"w{rank}",
+                    gpu_indices=[0],
+                    state=state,
+                    reserved_at=NOW,
+                )
+            )
+    with sessions() as s:
+        (group,) = observe(s, config, now=NOW, pool_state={}).demand
+    assert group.count == (3 - 1) + 2  # machines still wanted by both gangs
+    assert group.oldest == NOW - timedelta(seconds=20)
