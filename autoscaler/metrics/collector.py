@@ -259,8 +259,11 @@ def _reclaim_families(session: Session, now: datetime, capacity: CapacityConfig)
     sd = GaugeMetricFamily(
         "autoscaler_spot_reclaim_rate_sd", "Standard deviation of the reclaim-rate estimate.", labels=labels
     )
-    hours = GaugeMetricFamily(
-        "autoscaler_spot_instance_hours", "Spot instance-hours observed, after decay, per offering.", labels=labels
+    # Prometheus names carry base units: the instance-hours are exported as seconds.
+    seconds = GaugeMetricFamily(
+        "autoscaler_spot_instance_seconds",
+        "Spot instance time observed (instance-seconds), after decay, per offering.",
+        labels=labels,
     )
     reclaims = GaugeMetricFamily(
         "autoscaler_spot_reclaims", "Spot reclaims observed, after decay, per offering.", labels=labels
@@ -270,9 +273,9 @@ def _reclaim_families(session: Session, now: datetime, capacity: CapacityConfig)
         values = [key, itype, zone]
         rate.add_metric(values, est.rate)
         sd.add_metric(values, est.sd)
-        hours.add_metric(values, est.hours)
+        seconds.add_metric(values, est.hours * 3600.0)
         reclaims.add_metric(values, est.reclaims)
-    yield from (rate, sd, hours, reclaims)
+    yield from (rate, sd, seconds, reclaims)
 
 
 def snapshot_families(
