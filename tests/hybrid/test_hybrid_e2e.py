@@ -70,7 +70,10 @@ def hybrid_config(slurm_conf: Path) -> AutoscalerConfig:
         "teams": [{"name": "vision"}],
         # Listed cloud first on purpose: cost order, not list order, decides.
         "queues": [{"name": "gpu", "pools": ["cloud-gpu", "slurm-gpu", "onprem"], "priority": 10}],
-        "reconcile": {"heartbeat_timeout_s": 15, "orphan_grace_s": 30},
+        # Nothing here waits for a lost agent; 15 s over the agents' 10 s heartbeat once
+        # declared the on-prem agent gone on a loaded 2-core machine (an idle agent now
+        # long-polls instead of leasing every few seconds, so only heartbeats show it alive).
+        "reconcile": {"heartbeat_timeout_s": 45, "orphan_grace_s": 30},
         "pools": [
             {
                 "name": "onprem",
