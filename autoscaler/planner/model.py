@@ -49,6 +49,17 @@ class DemandGroup:
     # (none | on-signal | every:MIN; None: none): the capacity choice's input.
     runtime_h: float | None = None
     checkpoints: str | None = None
+    # A multi-node task (a gang) is a group of its own (`count` 1): `gang` is its task
+    # id, `nodes` its ranks (one per machine) and `reserved` the ranks it already holds,
+    # so it wants `nodes - reserved` more machines, all in one pool. None: single-node.
+    gang: str | None = None
+    nodes: int = 1
+    reserved: int = 0
+
+    @property
+    def machines(self) -> int:
+        """Machines this group still wants: its tasks, or a gang's ranks not yet reserved."""
+        return self.count if self.gang is None else max(self.nodes - self.reserved, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +96,9 @@ class PoolView:
     backoff_until: datetime | None = None
     tenancy: str = "team"  # team | shared: may teams share a machine
     unused_cost: str = "launcher"  # launcher | shared: who pays for free GPUs (the ledger's rule)
+    # The most machines one gang launch may ask the driver for (`Capabilities.max_gang_nodes`);
+    # None: no driver limit. Past it a gang's machines are launched one by one.
+    max_gang_nodes: int | None = None
 
     def is_blocked(self, offering: OfferingView) -> bool:
         b = self.blocked
@@ -157,17 +171,27 @@ class PlanInput:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """One new instance, answering `answers` (queue, gpus) units of `team`'s demand."""
+    """One new instance, answering `answers` (queue, gpus) units of `team`'s demand; or,
+    with `gang` set, the `nodes` machines of the offering a gang still lacks, launched
+    as one unit (one `LaunchRequest(nodes=..., gang=...)`, one zone)."""
 
     pool: str
     offering: OfferingView
     team: str
     answers: tuple[tuple[str, int], ...]
     reason: str
+    nodes: int = 1
+    gang: str | None = None
 
     @property
     def gpus(self) -> int:
+        """GPUs of one machine of this launch."""
         return self.offering.gpus
+
+    @property
+    def hourly_price(self) -> float:
+        """What the whole launch costs per hour (every machine of a gang)."""
+        return self.offering.hourly_price * self.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +245,7 @@ class Plan:
                     "price": x.offering.hourly_price,
                     "tasks": len(x.answers),
                     "reason": x.reason,
+                    **({"nodes": x.nodes, "gang": x.gang} if x.gang is not None else {}),
                 }
                 for x in self.launches
             ],

@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
 from autoscaler.admission.fit import gpu_type_matches
-from autoscaler.admission.gate import Machine, added_spend, placement_refusal
+from autoscaler.admission.gate import Machine, added_spend, gang_limits, placement_refusal
 from autoscaler.admission.model import TeamAdmission, from_decision
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
@@ -111,6 +111,9 @@ class _Slot:
     used: bool = False
     cpus_free: float | None = None  # None: not known, so not limiting
     mem_free: int | None = None
+    # Nothing runs or is held there (an idle worker, a booting instance): one rank of a
+    # gang may count on it.
+    whole: bool = False
 
 
 @dataclass(slots=True)
@@ -252,6 +255,29 @@ class _FreeIndex(Generic[_Item]):
     def machine_at(self, pos: int) -> Machine | None:
         return self._kind_key[pos]
 
+    def whole_fits(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool], limit: int) -> list[int]:
+        """Up to `limit` positions, in insertion order, of whole items (nothing running
+        or held there) that fit `unit` and admit it: the machines a gang's ranks may
+        count on, one rank each. A plain scan: gangs are few."""
+        out: list[int] = []
+        for pos, item in enumerate(self._items):
+            if len(out) >= limit:
+                break
+            if not getattr(item, "whole", False) or item.free < unit.need or not _room_for(item, unit):
+                continue
+            machine = self._kind_key[pos]
+            gpu_machine = machine is not None and machine.gpus > 0
+            if unit.gpus > 0 and (machine is None or not gpu_machine):
+                continue
+            if unit.gpus == 0 and gpu_machine:
+                continue
+            if unit.gpus > 0 and not type_ok(unit.gpu_type, getattr(item, "gpu_type", None)):
+                continue
+            if machine is not None and not admit(machine):
+                continue
+            out.append(pos)
+        return out
+
     def can_take(self, pos: int, unit: _Unit) -> bool:
         item = self._items[pos]
         return item.free >= unit.need and _room_for(item, unit)
@@ -296,8 +322,8 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
     epoch = inp.now.timestamp()
     runs: list[tuple[_Unit, int]] = []
     for g in demand:
-        if g.count <= 0:
-            continue
+        if g.count <= 0 or g.gang is not None:
+            continue  # gangs are planned as units (`_plan_gangs`)
         q = queues.get(g.queue)
         order = g.oldest.timestamp() if g.oldest else epoch
         qp = q.priority if q else 0
@@ -594,6 +620,7 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
             worker_id=w.id,
             cpus_free=w.cpus_free,
             mem_free=w.memory_free_mb,
+            whole=w.running_tasks == 0 and w.used_gpus == 0 and w.state == WorkerState.IDLE,
         )
         w_inst = sc.by_id.get(w.instance_id) if w.instance_id else None
         slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
@@ -608,7 +635,7 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
             idle.append((slot, w_inst, (inp.now - w.idle_since).total_seconds()))
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
-            slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1)
+            slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1, whole=True)
             boot_pool = pools.get(inst.pool)
             machine = _machine(boot_pool, inst.gpus, inst, None) if boot_pool else Machine(inst.pool, inst.gpus)
             slots[inst.pool].add(slot, slot.gpu_machine, slot.gpu_type, machine)
@@ -998,6 +1025,172 @@ def _holds(packed: _Packed) -> tuple[Hold, ...]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _GangPlan:
+    launches: list[Launch]
+    holds: list[Hold]
+    placed: int  # ranks counted on existing or booting machines
+    count: Counter[str]
+
+
+def _gang_units(sc: _Scope) -> list[tuple[_Unit, DemandGroup]]:
+    """Each queued gang as (the shape of one rank, its group), in the order single
+    tasks are placed (tier, queue priority, priority, size, age)."""
+    epoch = sc.inp.now.timestamp()
+    out: list[tuple[_Unit, DemandGroup]] = []
+    for g in sc.inp.demand:
+        if g.gang is None or g.nodes - g.reserved <= 0:
+            continue
+        q = sc.queues.get(g.queue)
+        unit = _Unit(
+            g.team,
+            g.queue,
+            g.gpus,
+            g.gpu_type,
+            q.priority if q else 0,
+            g.priority,
+            g.oldest.timestamp() if g.oldest else epoch,
+            g.gpus if g.gpus > 0 else 1,
+            (g.queue, g.gpus),
+            (g.team, g.queue),
+            g.after_reclaim,
+            g.cpus,
+            g.memory_mb,
+            g.runtime_h,
+            g.checkpoints,
+        )
+        out.append((unit, g))
+    out.sort(key=lambda r: (-sc.tier(r[0].team), -r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
+    return out
+
+
+def _plan_gangs(
+    sc: _Scope, bounds: _Bounds, count: Counter[str], cap: _Capacity, book: _TeamBook, chooser: _OfferingChooser
+) -> _GangPlan:
+    """Step 2 and 3 for gangs, before single tasks: each gang is one unit of
+    `nodes - reserved` machines in ONE pool, one rank per machine. Idle machines (and
+    booting ones) of that pool that fit a rank count toward it; only the missing ones
+    are launched, as one gang launch of one offering. The whole gang's GPUs (nodes x
+    gpus) are asked of the admission gate at once (`gang_limits`), and its launch's
+    whole price of the team's headroom. A gang no pool can take whole is held."""
+    inp, type_ok = sc.inp, chooser._type_ok
+    count = Counter(count)
+    launches: list[Launch] = []
+    holds: list[Hold] = []
+    placed = 0
+    for u, g in _gang_units(sc):
+        want = g.nodes - g.reserved
+        td = sc.tds[u.team]
+        adm = book.adms[u.team]
+        total_gpus = u.gpus * g.nodes
+        left = book.quota_left(u.team)
+        if left is not None and total_gpus > left:
+            holds.append(Hold(u.team, u.queue, 1, u.gpus * want, _gang_quota_reason(book, u, g, left)))
+            continue
+
+        def gang_admits(
+            machine: Machine,
+            u: _Unit = u,
+            left: int | None = left,
+            adm: TeamAdmission = adm,
+            total_gpus: int = total_gpus,
+        ) -> bool:
+            limits = gang_limits(adm, machine, left)
+            if limits is None:
+                return False
+            per_rank, whole = limits
+            return (u.gpus == 0 or per_rank >= u.gpus) and (whole is None or whole >= total_gpus)
+
+        reasons: list[str] = []
+        chosen: tuple[PoolView, list[int], OfferingView | None, int] | None = None
+        for pool in sc.ranked.get(u.queue, ()):
+            index = cap.slots.get(pool.name)
+            fits = index.whole_fits(u, type_ok, gang_admits, want) if index is not None else []
+            missing = want - len(fits)
+            if missing == 0:
+                chosen = (pool, fits, None, 0)
+                break
+            why = _gang_launch_refusal(sc, bounds, count, pool, u, td, missing)
+            if why:
+                reasons.append(why)
+                continue
+            offering, why = chooser.choose(pool, u, td, u.gpus, book.headroom[u.team] / missing)
+            if offering is None:
+                reasons.append(why)
+                continue
+            # A machine launched for the team is charged to it (no added spend at the
+            # gate); its price comes out of the team's headroom below, for all of them.
+            limits = gang_admits(
+                Machine(pool.name, offering.gpus, offering.hourly_price, u.team, offering.capacity_type)
+            )
+            if not limits:
+                reasons.append(f"admission: team {u.team} may not hold {total_gpus} GPU(s) in pool {pool.name}")
+                continue
+            chosen = (pool, fits, offering, missing)
+            break
+        if chosen is None:
+            reason = "; ".join(reasons) or f"queue {u.queue} has no pool"
+            holds.append(Hold(u.team, u.queue, 1, u.gpus * want, f"gang of {g.nodes}: {reason}"))
+            continue
+        pool, fits, offering, missing = chosen
+        index = cap.slots.get(pool.name)
+        for pos in fits:
+            assert index is not None
+            slot = index.take(pos, u)
+            slot.used, slot.whole = True, False  # one rank per machine
+            book.charge(u, index.machine_at(pos))
+        placed += len(fits)
+        book.allocated[u.team] += u.gpus * want
+        if offering is None or inp.decision.fail_safe:
+            continue
+        book.headroom[u.team] -= offering.hourly_price * missing
+        count[pool.name] += missing
+        reason = (
+            f"team {u.team}: gang {g.gang} needs {g.nodes} machine(s) of {u.gpus} GPU(s) in one pool; "
+            f"{g.reserved} rank(s) reserved, {len(fits)} counted on idle or booting machines, {missing} launched "
+            f"as {offering.key} at {offering.hourly_price:.2f} USD/h each"
+        )
+        if pool.max_gang_nodes is not None and missing > pool.max_gang_nodes:
+            # The driver cannot launch them as one unit: one machine per launch.
+            launches.extend(Launch(pool.name, offering, u.team, (u.answer,), reason) for _ in range(missing))
+        else:
+            launches.append(Launch(pool.name, offering, u.team, (u.answer,), reason, nodes=missing, gang=g.gang))
+    return _GangPlan(launches, holds, placed, count)
+
+
+def _gang_quota_reason(book: _TeamBook, u: _Unit, g: DemandGroup, left: int) -> str:
+    q = book.quotas[u.team]
+    return (
+        f"quota: team {u.team} holds or is planned {book.running.get(u.team, 0) + book.allocated[u.team]} "
+        f"GPU(s) of nominal {q.nominal_gpus}"
+        + (f" + borrowing limit {q.borrowing_limit_gpus}" if q.borrowing_limit_gpus is not None else "")
+        + f"; {left} more may start now, gang {g.gang} needs {g.nodes} x {u.gpus}"
+    )
+
+
+def _gang_launch_refusal(
+    sc: _Scope, bounds: _Bounds, count: Counter[str], pool: PoolView, u: _Unit, td: TeamDecision, missing: int
+) -> str:
+    """Why `missing` machines for a gang may not be launched in `pool` ("" if they may)."""
+    if pool.static:
+        return f"static pool {pool.name} has too few idle machines that fit a rank"
+    if u.team in sc.drained_teams:
+        return f"team {u.team} is over its hard budget: its capacity is being drained"
+    if not td.may_scale_up:
+        why = "; ".join(td.reasons) or "policy: scale-up frozen"
+        return f"team {u.team} may not scale up: {why}"
+    if td.allowed_pools is not None and pool.name not in td.allowed_pools:
+        return f"policy keeps team {u.team} out of pool {pool.name}"
+    if pool.backoff_until is not None and pool.backoff_until > sc.inp.now:
+        return f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}"
+    if count[pool.name] + missing > bounds.max_eff[pool.name]:
+        return (
+            f"pool {pool.name} has room for {max(bounds.max_eff[pool.name] - count[pool.name], 0)} more "
+            f"instance(s) of its max {bounds.max_eff[pool.name]}, the gang needs {missing}"
+        )
+    return ""
+
+
 def plan(inp: PlanInput) -> Plan:
     """The steps of the module docstring, in order; each takes what the ones before
     it produced and returns what the ones after it need."""
@@ -1011,15 +1204,22 @@ def plan(inp: PlanInput) -> Plan:
     type_ok = _TypeMatch()  # a cache of GPU-type matches, shared by steps 2 and 3
     cap = _capacity(sc, gone)
     book = _TeamBook(sc)
+    # Gangs first, each as one unit (reuse and launch), then single tasks.
+    packer = _Packer(sc, bounds, count, book, type_ok)
+    gangs = _plan_gangs(sc, bounds, count, cap, book, packer.chooser)
+    packer.count = Counter(gangs.count)
     remaining, placed_existing = _fit_existing(sc, _ordered_runs(sc), cap, book, type_ok)
     # 3. launch for the rest, then for pool minimums
-    packed = _Packer(sc, bounds, count, book, type_ok).pack(remaining)
+    packed = packer.pack(remaining)
     minimums, min_notes, count = _pool_minimums(sc, bounds, packed.count)
-    launches = _team_launches(inp.decision, packed.bins) + minimums
+    launches = gangs.launches + _team_launches(inp.decision, packed.bins) + minimums
     # 4. scale down
     drains = _scale_down(sc, bounds, cap, count)
     notes = _fail_safe_notes(inp.decision) + min_notes
-    return Plan(tuple(launches), tuple(drains), tuple(terminations), _holds(packed), placed_existing, tuple(notes))
+    holds = tuple(sorted((*gangs.holds, *_holds(packed)), key=lambda h: (h.team, h.queue, h.reason)))
+    return Plan(
+        tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing + gangs.placed, tuple(notes)
+    )
 
 
 def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str | None) -> Machine:

@@ -215,7 +215,7 @@ class Reconciler:
         # here on every lease answers to it (the headroom net of what this plan buys).
         spent: dict[str, float] = defaultdict(float)
         for launch in the_plan.launches:
-            spent[launch.team] += launch.offering.hourly_price
+            spent[launch.team] += launch.hourly_price
         with transaction(self.sessions) as s:
             admission_store.write(s, admissions(evaluation.decision, spent), now=now)
         result.plan = the_plan
@@ -250,7 +250,10 @@ class Reconciler:
         return result
 
     def observe(self, now: datetime) -> Snapshot:
-        pool_state = {name: PoolState(st.offerings, st.backoff_until) for name, st in self._state.items()}
+        pool_state = {
+            name: PoolState(st.offerings, st.backoff_until, _max_gang_nodes(self.providers.get(name)))
+            for name, st in self._state.items()
+        }
         with self.sessions() as s:
             snap = observe(s, self.config, now=now, pool_state=pool_state)
             cap = self.config.capacity
@@ -815,6 +818,10 @@ class Reconciler:
             inst.hourly_price,
             inst.region,
         )
+
+
+def _max_gang_nodes(provider: Provider | None) -> int | None:
+    return provider.capabilities.max_gang_nodes if provider is not None else None
 
 
 def _with_static_capacity(pin: PolicyInput, snap: Snapshot) -> PolicyInput:

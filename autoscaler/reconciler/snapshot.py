@@ -87,7 +87,7 @@ class Snapshot:
         states = Counter(i.state for i in self.instances)
         return {
             "pending_tasks": sum(g.count for g in self.demand),
-            "pending_gpus": sum(g.count * g.gpus for g in self.demand),
+            "pending_gpus": sum(g.machines * g.gpus for g in self.demand),
             "workers": len(self.workers),
             "idle_workers": sum(1 for w in self.workers if w.state == "idle"),
             "instances": dict(states),
@@ -103,6 +103,7 @@ class PoolState:
 
     offerings: tuple[OfferingView, ...] = ()
     backoff_until: datetime | None = None
+    max_gang_nodes: int | None = None  # the driver's `Capabilities.max_gang_nodes`
 
 
 def observe(
@@ -254,6 +255,7 @@ def observe(
             backoff_until=pool_state[p.name].backoff_until if p.name in pool_state else None,
             tenancy=p.tenancy,
             unused_cost=p.unused_cost,
+            max_gang_nodes=pool_state[p.name].max_gang_nodes if p.name in pool_state else None,
         )
         for p in config.pools
     )
@@ -263,7 +265,7 @@ def observe(
     )
     pending: Counter[str] = Counter()
     for g in demand:
-        pending[g.team] += g.gpus * g.count
+        pending[g.team] += g.gpus * g.machines
     return Snapshot(
         now=now,
         queues=queues,
@@ -307,7 +309,7 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
         shapes: Counter[str] = Counter()
         for g in groups:
             if g.gpus:
-                shapes[f"{g.gpus}x{g.gpu_type or 'any'}"] += g.gpus * g.count
+                shapes[f"{g.gpus}x{g.gpu_type or 'any'}"] += g.gpus * g.machines
         queues.append(
             QueueInput(
                 name=q.name,
@@ -387,22 +389,35 @@ _QUEUED_DEMAND = (Task.state == "queued", Task.unschedulable_reason.is_(None))
 def demand_query() -> Select[*tuple[Any, ...]]:
     """Queued, schedulable tasks grouped by their stored shape and end reason, in the
     column order of the covering index `ix_tasks_demand`: machines wanted (a gang is
-    `nodes` of them) and the oldest sort key."""
+    `nodes` of them), the oldest sort key and the number of tasks (more machines than
+    tasks: the shape holds gangs, which `_gangs` takes out as units)."""
     shape = _shape_columns()
     # A task no pool of its queue can run (queueing.unschedulable) is no demand.
-    return select(*shape, func.sum(Task.nodes), func.min(Task.sort_key)).where(*_QUEUED_DEMAND).group_by(*shape)
-
-
-def _reserved_ranks_query() -> Select[*tuple[Any, ...]]:
-    """Ranks queued gangs already hold, by the same shape: machines no longer wanted.
-    A separate query, so the demand query stays on its covering index; few rows (only
-    gangs forming right now)."""
-    shape = _shape_columns()
     return (
-        select(*shape, func.count())
-        .join(TaskRank, TaskRank.task_id == Task.id)
-        .where(*_QUEUED_DEMAND, TaskRank.state == RankState.RESERVED.value)
+        select(*shape, func.sum(Task.nodes), func.min(Task.sort_key), func.count())
+        .where(*_QUEUED_DEMAND)
         .group_by(*shape)
+    )
+
+
+def _gangs_query() -> Select[*tuple[Any, ...]]:
+    """Queued gangs, one row each: asked only when the demand query saw one (a shape
+    with more machines than tasks), so a fleet without gangs never pays for it."""
+    return select(Task.id, *_shape_columns(), Task.nodes, Task.sort_key).where(*_QUEUED_DEMAND, Task.nodes > 1)
+
+
+def _singles_oldest_query() -> Select[*tuple[Any, ...]]:
+    """The oldest sort key of each shape's single-node tasks (only asked with gangs queued)."""
+    shape = _shape_columns()
+    return select(*shape, func.min(Task.sort_key)).where(*_QUEUED_DEMAND, Task.nodes == 1).group_by(*shape)
+
+
+def _reserved_ranks_query(task_ids: Sequence[str]) -> Select[*tuple[Any, ...]]:
+    """Ranks these queued gangs already hold (machines no longer wanted), per gang."""
+    return (
+        select(TaskRank.task_id, func.count())
+        .where(TaskRank.task_id.in_(task_ids), TaskRank.state == RankState.RESERVED.value)
+        .group_by(TaskRank.task_id)
     )
 
 
@@ -414,8 +429,28 @@ def _demand_key(shape: Sequence[Any]) -> _DemandKey:
     return (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
 
 
+def _group(key: _DemandKey, count: int, oldest: datetime | None, **gang: Any) -> DemandGroup:
+    q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints = key
+    return DemandGroup(
+        q,
+        t,
+        int(g or 0),
+        gt,
+        int(prio or 0),
+        count,
+        oldest,
+        reclaimed,
+        float(c or 0.0),
+        int(mem or 0),
+        float(runtime_s) / 3600.0 if runtime_s else None,
+        checkpoints,
+        **gang,
+    )
+
+
 def _demand(session: Session) -> tuple[DemandGroup, ...]:
-    """Queued tasks grouped by shape (machines wanted), oldest sort key per group.
+    """Queued single-node tasks grouped by shape (tasks wanted), oldest sort key per
+    group; then each queued gang as a group of its own (`gang`, `nodes`, `reserved`).
 
     The query groups by the stored columns in the order of the covering index
     `ix_tasks_demand`, end reason included, so SQLite answers it from the index alone
@@ -426,8 +461,10 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
     part of the plan, and an explicit sort makes it the same on PostgreSQL too."""
     counts: dict[_DemandKey, int] = {}
     oldest_of: dict[_DemandKey, datetime | None] = {}
-    for *columns, n, oldest in session.execute(demand_query()):
+    with_gangs = False
+    for *columns, n, oldest, tasks in session.execute(demand_query()):
         key = _demand_key(columns)
+        with_gangs = with_gangs or int(n) != int(tasks)
         if key not in counts:
             counts[key], oldest_of[key] = int(n), oldest
         else:
@@ -435,32 +472,37 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
             first = oldest_of[key]
             if oldest is not None and (first is None or oldest < first):
                 oldest_of[key] = oldest
-    for *columns, n in session.execute(_reserved_ranks_query()):
-        key = _demand_key(columns)
-        if key in counts:
-            counts[key] -= int(n)
+    gangs = _gangs(session, counts) if with_gangs else []
+    if gangs:
+        # A shape's oldest sort key may have been a gang's: the single tasks' own.
+        oldest_of = dict.fromkeys(oldest_of)
+        for *columns, oldest in session.execute(_singles_oldest_query()):
+            key = _demand_key(columns)
+            first = oldest_of.get(key)
+            oldest_of[key] = oldest if first is None or (oldest is not None and oldest < first) else first
     for key in [k for k, n in counts.items() if n <= 0]:
         del counts[key], oldest_of[key]
-    groups = []
-    for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k)):
-        q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints = shape
-        groups.append(
-            DemandGroup(
-                q,
-                t,
-                int(g or 0),
-                gt,
-                int(prio or 0),
-                counts[shape],
-                oldest_of[shape],
-                reclaimed,
-                float(c or 0.0),
-                int(mem or 0),
-                float(runtime_s) / 3600.0 if runtime_s else None,
-                checkpoints,
-            )
-        )
-    return tuple(groups)
+    groups = [
+        _group(shape, counts[shape], oldest_of[shape])
+        for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k))
+    ]
+    return (*groups, *gangs)
+
+
+def _gangs(session: Session, counts: dict[_DemandKey, int]) -> list[DemandGroup]:
+    """The queued gangs as groups of their own, their machines taken out of `counts`
+    (which then counts single-node tasks only), oldest first."""
+    rows = session.execute(_gangs_query()).all()
+    reserved = {str(t): int(n) for t, n in session.execute(_reserved_ranks_query([r[0] for r in rows]))} if rows else {}
+    out: list[tuple[Any, DemandGroup]] = []
+    for task_id, *columns, nodes, sort_key in rows:
+        key = _demand_key(columns)
+        if key in counts:
+            counts[key] -= int(nodes)
+        group = _group(key, 1, sort_key, gang=task_id, nodes=int(nodes), reserved=int(reserved.get(task_id, 0)))
+        out.append(((sort_key is None, sort_key, task_id), group))
+    out.sort(key=lambda r: r[0])
+    return [g for _, g in out]
 
 
 def _spot_offerings(snap: Snapshot, pool: PoolView) -> list[SpotOfferingInput]:

@@ -114,13 +114,14 @@ def test_sqlite_answers_the_demand_query_from_the_covering_index(
     assert not any("TEMP B-TREE" in step for step in steps), steps
 
 
-def test_a_gang_wants_its_nodes_less_the_ranks_it_already_holds(
+def test_each_gang_is_a_group_of_its_own_wanting_its_nodes_less_the_ranks_it_holds(
     sessions: sessionmaker[Session], config: AutoscalerConfig
 ) -> None:
     gang, other = _task(nodes=3, age_s=20), _task(nodes=2, age_s=10)
+    single = _task(age_s=5)  # the same shape, one node: stays in the shape's group
     with transaction(sessions) as s:
         sync_from_config(s, config, now=NOW)
-        s.execute(insert(Task), [gang, other])
+        s.execute(insert(Task), [gang, other, single])
         for rank, state in ((0, "reserved"), (1, "released")):  # a released rank is wanted again
             s.add(
                 TaskRank(
@@ -134,6 +135,36 @@ def test_a_gang_wants_its_nodes_less_the_ranks_it_already_holds(
                 )
             )
     with sessions() as s:
-        (group,) = observe(s, config, now=NOW, pool_state={}).demand
-    assert group.count == (3 - 1) + 2  # machines still wanted by both gangs
-    assert group.oldest == NOW - timedelta(seconds=20)
+        snap = observe(s, config, now=NOW, pool_state={})
+    singles = [g for g in snap.demand if g.gang is None]
+    gangs = {g.gang: g for g in snap.demand if g.gang is not None}
+    assert [(g.count, g.oldest) for g in singles] == [(1, NOW - timedelta(seconds=5))]
+    assert set(gangs) == {gang["id"], other["id"]}
+    first, second = gangs[gang["id"]], gangs[other["id"]]
+    assert (first.count, first.nodes, first.reserved, first.machines) == (1, 3, 1, 2)
+    assert (second.count, second.nodes, second.reserved, second.machines) == (1, 2, 0, 2)
+    assert first.oldest == NOW - timedelta(seconds=20)
+    assert [g.gang for g in snap.demand if g.gang] == [gang["id"], other["id"]]  # oldest first
+    assert snap.pending_gpus == {"vision": 1 + 2 + 2}
+
+
+def test_a_fleet_without_gangs_never_asks_for_them(sessions: sessionmaker[Session], config: AutoscalerConfig) -> None:
+    from sqlalchemy import event
+
+    statements: list[str] = []
+    with transaction(sessions) as s:
+        sync_from_config(s, config, now=NOW)
+        s.execute(insert(Task), [_task(), _task(gpus=2)])
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(statement)
+
+    with sessions() as s:
+        engine = s.get_bind()
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            demand = observe(s, config, now=NOW, pool_state={}).demand
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+    assert all(g.gang is None for g in demand) and len(demand) == 2
+    assert statements and not any("tasks.nodes >" in q or "tasks.nodes =" in q for q in statements), statements
