@@ -62,6 +62,7 @@ def create_token(
     name: str = "",
     request_id: str | None = None,
     provider: str | None = None,
+    max_uses: int = 1,
 ) -> tuple[str, ApiToken]:
     """Create a token; returns the plaintext (shown once) and the stored row.
 
@@ -80,6 +81,8 @@ def create_token(
         provider=provider,
         created_at=now,
         expires_at=now + ttl if ttl else None,
+        max_uses=max(max_uses, 1),
+        uses=0,
     )
     session.add(row)
     session.flush()

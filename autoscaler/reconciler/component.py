@@ -43,7 +43,7 @@ def bootstrap_user_data(config: AutoscalerConfig, clock_now: Callable[[], dateti
     """User-data for one launch, carrying a fresh one-time join token for that pool only."""
     from providers.bootstrap import BootstrapSpec, render_user_data
 
-    def render(session: Session, pool: PoolConfig, request_id: str) -> str:
+    def render(session: Session, pool: PoolConfig, request_id: str, nodes: int = 1, /) -> str:
         if pool.provider not in BOOTSTRAPPED:
             return ""
         plaintext, _ = create_token(
@@ -57,6 +57,9 @@ def bootstrap_user_data(config: AutoscalerConfig, clock_now: Callable[[], dateti
             # it, only its instance id may register with it (once).
             request_id=request_id,
             provider=pool.provider,
+            # A gang launch's k machines share one user-data: its token registers k
+            # machines, each a distinct instance of the launch, once.
+            max_uses=nodes,
         )
         spec = BootstrapSpec(
             server_url=server_url(config),

@@ -39,7 +39,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import cast
+from typing import Protocol, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -69,6 +69,7 @@ from autoscaler.reconciler.record import record_cycle
 from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.db import transaction
+from autoscaler.state.launches import gang_rows
 from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, Worker, new_id
 from providers.base import (
@@ -91,8 +92,13 @@ log = logging.getLogger(__name__)
 RECLAIM_REFRESH_S = 300.0
 S = InstanceState
 OFFERINGS_TTL_S = 600.0
-# Renders the user-data for one launch (creating its one-time join token in `session`).
-UserData = Callable[[Session, PoolConfig, str], str]
+
+
+class UserData(Protocol):
+    """Renders the user-data for one launch, creating its join token in `session`: one
+    registration, or `nodes` (each a distinct machine of the launch, once) for a gang."""
+
+    def __call__(self, session: Session, pool: PoolConfig, request_id: str, nodes: int = 1, /) -> str: ...
 
 
 @dataclass
@@ -357,6 +363,7 @@ class Reconciler:
                 worker_id=i.worker_id,
                 launched_at=i.launched_at,
                 created_at=i.created_at,
+                launch_request_id=i.launch_request_id,
             )
             for i in open_rows
         ]
@@ -547,6 +554,15 @@ class Reconciler:
             return self._add_intent(s, launch, now)
 
     def _add_intent(self, s: Session, launch: Launch, now: datetime) -> str:
+        """Add the launch's rows (one per machine: a gang launch's k rows share its
+        request id, the first row's own, as `launch_request_id`); returns the first."""
+        rows = [self._intent_row(s, launch, now) for _ in range(max(launch.nodes, 1))]
+        if launch.gang is not None:
+            for row in rows:
+                row.launch_request_id, row.gang_id = rows[0].request_id, launch.gang
+        return rows[0].id
+
+    def _intent_row(self, s: Session, launch: Launch, now: datetime) -> Instance:
         pool = self.pools[launch.pool]
         o = launch.offering
         inst = Instance(
@@ -589,7 +605,7 @@ class Reconciler:
             pool=pool.name,
             team=launch.team,
         )
-        return inst.id
+        return inst
 
     def _launch_batch(self, launches: list[Launch], now: datetime, result: CycleResult) -> None:
         """Threaded mode: every intent of the cycle in one transaction, all moved to
@@ -637,30 +653,46 @@ class Reconciler:
 
     def _submit_launches(self, ids: list[str], now: datetime, result: CycleResult) -> None:
         """Move the intents to `launching` (one transaction) and submit their calls; the
-        outcomes are applied by `_apply_launch`, now (sync mode) or in a later cycle."""
+        outcomes are applied by `_apply_launch`, now (sync mode) or in a later cycle.
+        The rows of one gang launch are one call (`nodes` = its rows), submitted under
+        its first row's id, whichever of its rows was asked for."""
         calls: list[tuple[str, Provider, LaunchRequest]] = []
+        gangs_seen: set[str] = set()
         with transaction(self.sessions) as s, s.no_autoflush:
             rows = {i.id: i for i in s.scalars(select(Instance).where(Instance.id.in_(ids)))} if len(ids) > 1 else {}
             for inst_id in ids:
                 inst = rows.get(inst_id) if rows else s.get(Instance, inst_id)
-                if inst is None or inst.provider_instance_id is not None:
+                if inst is None:
+                    continue
+                group = [inst]
+                if inst.launch_request_id is not None:
+                    if inst.launch_request_id in gangs_seen:
+                        continue
+                    gangs_seen.add(inst.launch_request_id)
+                    group = gang_rows(s, inst.launch_request_id)
+                    inst = next((r for r in group if r.request_id == r.launch_request_id), group[0])
+                pending = [r for r in group if r.provider_instance_id is None and r.state in (S.REQUESTED, S.LAUNCHING)]
+                if not pending:
                     continue
                 pool = self.pools.get(inst.pool)
                 provider = self.providers.get(inst.pool)
                 if pool is None or provider is None:
-                    transition(s, inst, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
-                    self._failed_now.add(inst_id)
+                    for r in pending:
+                        transition(s, r, S.LAUNCH_FAILED, reason=f"pool {inst.pool} has no provider", now=now)
+                        self._failed_now.add(r.id)
                     continue
-                if inst.state == S.REQUESTED:
-                    transition(
-                        s,
-                        inst,
-                        S.LAUNCHING,
-                        reason=f"calling {provider.name} with request id {inst.request_id}",
-                        now=now,
-                    )
+                for r in pending:
+                    if r.state == S.REQUESTED:
+                        transition(
+                            s,
+                            r,
+                            S.LAUNCHING,
+                            reason=f"calling {provider.name} with request id {inst.request_id}",
+                            now=now,
+                        )
                 offering = self._offering_of(inst)
-                user_data = self.user_data(s, pool, inst.request_id) if self.user_data else ""
+                nodes = len(group)
+                user_data = self.user_data(s, pool, inst.request_id, nodes) if self.user_data else ""
                 request = LaunchRequest(
                     request_id=inst.request_id,
                     pool=pool.name,
@@ -669,8 +701,10 @@ class Reconciler:
                     image=pool.image,
                     user_data=user_data,
                     tags={TAG_TEAM: inst.team or "shared"},
+                    nodes=nodes,
+                    gang=inst.gang_id,
                 )
-                calls.append((inst_id, provider, request))
+                calls.append((inst.id, provider, request))
         for inst_id, provider, request in calls:
             crash_point("before_launch_submit")
             self.executor.submit_launch(provider, inst_id, request)
@@ -691,6 +725,9 @@ class Reconciler:
     ) -> None:
         inst_id, request = done.row_id, done.request
         inst = s.get(Instance, inst_id)
+        if inst is not None and inst.launch_request_id is not None:
+            self._apply_gang_launch(s, done, inst.launch_request_id, now, result, after)
+            return
         if not done.instances:
             if inst is not None and inst.state in (S.REQUESTED, S.LAUNCHING):
                 transition(s, inst, S.LAUNCH_FAILED, reason="the provider started no instance", now=now)
@@ -727,6 +764,60 @@ class Reconciler:
             result.launched.append(inst_id)
 
         after.append(done_ok)
+
+    def _apply_gang_launch(
+        self,
+        s: Session,
+        done: LaunchDone,
+        launch_request_id: str,
+        now: datetime,
+        result: CycleResult,
+        after: list[Callable[[], None]],
+    ) -> None:
+        """A gang launch came back with its instances: each row still waiting takes one
+        no row holds yet (a listing may have adopted some meanwhile). Instances no row
+        wants (the rows were given up while the call was in flight) are terminated; rows
+        left without one (a driver that started fewer) fail, and the planner asks again."""
+        rows = gang_rows(s, launch_request_id)
+        held = {r.provider_instance_id for r in rows if r.provider_instance_id}
+        free = sorted((pi for pi in done.instances if pi.instance_id not in held), key=lambda pi: pi.instance_id)
+        launched: list[str] = []
+        for row in rows:
+            if row.provider_instance_id is not None or row.state not in (S.REQUESTED, S.LAUNCHING):
+                continue
+            if not free:
+                transition(
+                    s,
+                    row,
+                    S.LAUNCH_FAILED,
+                    reason=f"the gang launch {launch_request_id} started fewer machines than it has rows",
+                    now=now,
+                )
+                self._failed_now.add(row.id)
+                continue
+            pi = free.pop(0)
+            self._record_launched(s, row, pi, now, reason=f"launched as {pi.instance_id} (gang launch of {len(rows)})")
+            launched.append(row.id)
+        if free:
+            stray = [pi.instance_id for pi in free]
+            log.warning(
+                "pool %s: gang launch %s finished after its rows were given up; terminating %s",
+                done.request.pool,
+                launch_request_id,
+                ", ".join(stray),
+            )
+            provider = self.providers.get(done.request.pool)
+            if provider is not None:
+                after.append(lambda: self.executor.submit_terminate(provider, done.request.pool, stray))
+        pool_name = done.request.pool
+
+        def done_ok() -> None:
+            st = self._state.setdefault(pool_name, _PoolRuntime())
+            st.failures, st.backoff_until = 0, None
+            result.launched.extend(launched)
+
+        if launched:
+            after.append(done_ok)
 
     def _record_launched(
         self, s: Session, inst: Instance, pi: ProviderInstance, now: datetime, reason: str, *, find_worker: bool = True
@@ -772,6 +863,16 @@ class Reconciler:
             inst = s.get(Instance, inst_id)
             assert inst is not None
             inst.last_error = what
+            if inst.launch_request_id is not None:
+                # A gang launch that raised is over, whatever the error: the driver rolled
+                # back what it started, and a new attempt needs a new request id (the
+                # clouds' idempotency keys would replay this one). Every row fails; the
+                # planner asks again with new rows.
+                for row in gang_rows(s, inst.launch_request_id):
+                    row.last_error = what
+                    if row.state in (S.REQUESTED, S.LAUNCHING) and row.provider_instance_id is None:
+                        transition(s, row, S.LAUNCH_FAILED, reason=what, now=now)
+                        self._failed_now.add(row.id)
             if block is not None:
                 s.add(
                     OfferingBlock(
@@ -783,7 +884,7 @@ class Reconciler:
                         until=block.until,
                     )
                 )
-            if exc.retryable or inst.state not in (S.REQUESTED, S.LAUNCHING):
+            if exc.retryable or inst.state not in (S.REQUESTED, S.LAUNCHING) or inst.launch_request_id is not None:
                 # Throttled or transient: the intent stays and is retried with the same id
                 # (or the row was given up while the call was in flight).
                 return

@@ -50,6 +50,13 @@ class Row:
     worker_id: str | None = None
     launched_at: datetime | None = None
     created_at: datetime | None = None
+    # One of the machines of a gang launch: the request id the provider tagged them all
+    # with (the rows of one launch share it; each takes a distinct listed instance).
+    launch_request_id: str | None = None
+
+    @property
+    def provider_request_id(self) -> str:
+        return self.launch_request_id or self.request_id
 
 
 @dataclass(frozen=True)
@@ -182,11 +189,24 @@ def passive_sync(
             static[pool] = frozenset(pi.instance_id for pi in listed if (pool, pi.instance_id) not in obs.workers)
             continue
         by_id = {pi.instance_id: pi for pi in listed}
-        by_request = {pi.request_id: pi for pi in listed if pi.request_id}
+        by_request: dict[str, list[ProviderInstance]] = {}
+        for listed_pi in sorted(listed, key=lambda p: p.instance_id):
+            if listed_pi.request_id:
+                by_request.setdefault(listed_pi.request_id, []).append(listed_pi)
         pool_rows = by_pool.get(pool, [])
+        # Instances some row of this pool already holds: a gang's rows share one request
+        # id, so each row without an instance takes one no other row holds.
+        taken = {r.provider_instance_id for r in pool_rows if r.provider_instance_id}
         for row in pool_rows:
             c = cur[row.id]
-            pi = by_id.get(row.provider_instance_id) if row.provider_instance_id else by_request.get(row.request_id)
+            pi: ProviderInstance | None
+            if row.provider_instance_id:
+                pi = by_id.get(row.provider_instance_id)
+            else:
+                free = [p for p in by_request.get(row.provider_request_id, ()) if p.instance_id not in taken]
+                pi = free[0] if free else None
+                if pi is not None and row.state in (S.REQUESTED, S.LAUNCHING, S.TERMINATING):
+                    taken.add(pi.instance_id)
             state = row.state
             if state in (S.REQUESTED, S.LAUNCHING):
                 if pi is not None:
@@ -223,8 +243,10 @@ def passive_sync(
             else:
                 missing.pop(row.id, None)
         # Orphans: tagged with our owner, in this pool, and no open row.
-        known = {r.request_id for r in pool_rows}
-        known_ids = {r.provider_instance_id for r in pool_rows if r.provider_instance_id}
+        # A single launch's request id is known while its row is open; a gang launch's
+        # instances are known only once a row holds them (one more than its rows is not ours).
+        known = {r.request_id for r in pool_rows if r.launch_request_id is None}
+        known_ids = {cur[r.id].pid for r in pool_rows if cur[r.id].pid} | taken
         for pi in listed:
             if pi.instance_id in known_ids or (pi.request_id and pi.request_id in known):
                 seen_at.pop(pi.instance_id, None)

@@ -122,6 +122,27 @@ class ApiToken(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A gang launch's join token (one user-data for its k machines) registers up to
+    # `max_uses` machines, each a distinct instance of that launch, once (`JoinUse`);
+    # `uses` is how many did. Every other join token: 1, and `used_at` is the one use.
+    max_uses: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class JoinUse(Base):
+    """One registration with a gang launch's join token: the instance it bound (unique
+    per token, so the same machine cannot use it twice) and the retry key of the agent
+    process that did, so that process may retry a registration whose answer it lost."""
+
+    __tablename__ = "join_uses"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    token_id: Mapped[str] = mapped_column(String(32), ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    instance_id: Mapped[str] = mapped_column(String(128))
+    worker_id: Mapped[str | None] = mapped_column(String(32))
+    retry_key_hash: Mapped[str | None] = mapped_column(String(64))
+    used_at: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("token_id", "instance_id", name="uq_join_uses_token_instance"),)
 
 
 class SecurityEvent(Base):
@@ -369,6 +390,11 @@ class Instance(Base):
     launched_at: Mapped[datetime | None]
     ready_at: Mapped[datetime | None]
     terminated_at: Mapped[datetime | None]
+    # One of the k machines of a gang launch: the launch's request id (the provider's
+    # idempotency key and tag, the lead row's own `request_id`) and the gang (task id).
+    # Both None for a single machine. Each row keeps a `request_id` of its own.
+    launch_request_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    gang_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class InstanceEvent(Base):
