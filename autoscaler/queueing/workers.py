@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from autoscaler.auth import security
@@ -41,8 +42,9 @@ from autoscaler.queueing import gangs, gpu_samples
 from autoscaler.queueing.states import ACTIVE, TaskState, move_worker
 from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker_tasks
 from autoscaler.reconciler.states import InstanceState, transition
+from autoscaler.state.launches import gang_rows
 from autoscaler.state.lifecycle_log import note
-from autoscaler.state.models import ApiToken, Instance, InstanceEvent, Task, Worker
+from autoscaler.state.models import ApiToken, Instance, InstanceEvent, JoinUse, Task, Worker
 
 LIVE_STATES = WORKER_LIVE  # kept under its old name for the simulator
 SPOT = "spot"  # drain_reason of a worker whose machine got a spot notice
@@ -120,9 +122,7 @@ def _replay(reg: Registration, join: ApiToken) -> Forbidden:
     )
 
 
-def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> Instance | None:
-    """Refuse (403, with a security note) a registration whose claimed identity is not
-    what the join token was minted for; returns the launch's Instance row, if any."""
+def _check_pool_and_provider(join: ApiToken, reg: Registration) -> None:
     refused = "registration_refused"
     if join.pool and reg.pool != join.pool:
         raise _refuse(
@@ -140,6 +140,13 @@ def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> I
             f"this join token is for a {join.provider} machine, not {reg.provider!r}",
             f"join token for provider {join.provider} presented by provider {reg.provider}",
         )
+
+
+def check_join_binding(session: Session, join: ApiToken, reg: Registration) -> Instance | None:
+    """Refuse (403, with a security note) a registration whose claimed identity is not
+    what the join token was minted for; returns the launch's Instance row, if any."""
+    _check_pool_and_provider(join, reg)
+    refused = "registration_refused"
     launch: Instance | None = None
     if join.request_id:
         launch = session.scalar(select(Instance).where(Instance.request_id == join.request_id))
@@ -193,6 +200,8 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
     Any later presentation is a replay and is refused, except a retry by the same
     agent process (same instance, same retry key) whose answer was lost.
     """
+    if join.max_uses > 1:
+        return _register_with_gang_token(session, join, reg, now=now)
     key_hash = _digest(reg.retry_key) if reg.retry_key else None
     if join.used_at is not None and not _is_retry(join, reg, key_hash):
         raise _replay(reg, join)  # spent before this request began: a replay, whatever it claims
@@ -302,9 +311,14 @@ def expel_impostors(session: Session, launch: Instance, *, now: datetime) -> lis
     expelled: list[str] = []
     if not launch.provider_instance_id:
         return expelled
+    if launch.launch_request_id is not None:
+        return _expel_gang_impostors(session, launch, now=now)
     for join in session.scalars(
         select(ApiToken).where(
-            ApiToken.kind == "join", ApiToken.request_id == launch.request_id, ApiToken.used_at.is_not(None)
+            ApiToken.kind == "join",
+            ApiToken.request_id == launch.request_id,
+            ApiToken.used_at.is_not(None),
+            ApiToken.max_uses == 1,
         )
     ):
         if join.bound_instance == launch.provider_instance_id or not join.worker_id:
@@ -639,3 +653,178 @@ def expire_silent_workers(session: Session, *, now: datetime, timeout_s: float) 
         _go(session, worker, now=now, reason="heartbeat", lost=True)
     expire_leases(session, now=now)
     return silent
+
+
+# ---- a gang launch's join token: k machines, each once -----------------------------
+
+
+def check_gang_binding(session: Session, join: ApiToken, reg: Registration) -> Instance | None:
+    """The checks of `check_join_binding` for a gang launch's token: the claimed
+    instance must be one of that launch's. Once the provider reported an instance for
+    every row of the launch, any other id is refused; before that a claim is taken on
+    trust and checked when the ids arrive (`expel_impostors`). Returns the row of the
+    claimed instance when it is known."""
+    _check_pool_and_provider(join, reg)
+    refused = "registration_refused"
+    rows = gang_rows(session, join.request_id) if join.request_id else []
+    if not rows or rows[0].pool != reg.pool:
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            "this join token's launch is unknown or in another pool; ask for a new one",
+            f"gang launch {join.request_id} not found in pool {reg.pool}",
+        )
+    if all(r.state in _ENDED_INSTANCE_STATES for r in rows):
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            f"the gang launch this join token was made for is {rows[0].state}",
+            f"gang launch {join.request_id} is {rows[0].state}",
+        )
+    recorded = {r.provider_instance_id: r for r in rows if r.provider_instance_id}
+    launch = recorded.get(reg.instance_id)
+    if launch is None and len(recorded) == len(rows):
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            "this join token was made for the machines of another launch; the claimed instance id is not one of them",
+            f"claimed instance {reg.instance_id}, gang launch {join.request_id} is {', '.join(sorted(recorded))}",
+        )
+    other = session.scalar(
+        select(Instance)
+        .where(
+            Instance.provider_instance_id == reg.instance_id,
+            (Instance.launch_request_id != join.request_id) | Instance.launch_request_id.is_(None),
+        )
+        .limit(1)
+    )
+    if other is not None:
+        raise _refuse(
+            reg,
+            join,
+            refused,
+            "the claimed instance id belongs to another launch; registration refused",
+            f"claimed instance {reg.instance_id} of pool {other.pool} (launch {other.request_id})",
+        )
+    return launch
+
+
+def _register_with_gang_token(
+    session: Session, join: ApiToken, reg: Registration, *, now: datetime
+) -> tuple[Worker, str]:
+    """`register` for a gang launch's token (one user-data for its k machines): it
+    registers up to `max_uses` machines, each a distinct instance of the launch, once.
+
+    A slot is taken by a conditional UPDATE (`uses < max_uses`: of two concurrent
+    registrations for the last slot one matches no row) and the instance is recorded
+    under a unique (token, instance) key: the same instance presenting it again is a
+    replay, except the agent process that used it retrying with its retry key."""
+    key_hash = _digest(reg.retry_key) if reg.retry_key else None
+    used = session.scalar(select(JoinUse).where(JoinUse.token_id == join.id, JoinUse.instance_id == reg.instance_id))
+    if used is not None and not (
+        key_hash is not None and used.retry_key_hash is not None and hmac.compare_digest(used.retry_key_hash, key_hash)
+    ):
+        raise _gang_replay(reg, join)
+    launch = check_gang_binding(session, join, reg)
+    retry_of: str | None = None
+    if used is None:
+        taken = session.execute(
+            update(ApiToken)
+            .where(ApiToken.id == join.id, ApiToken.uses < ApiToken.max_uses, ApiToken.revoked.is_(False))
+            .values(uses=ApiToken.uses + 1, used_at=func.coalesce(ApiToken.used_at, now))
+            .execution_options(synchronize_session=False)
+        )
+        session.refresh(join)
+        if taken.rowcount != 1:  # type: ignore[attr-defined]
+            raise _refuse(
+                reg,
+                join,
+                "join_replay",
+                f"this join token has registered all {join.max_uses} machines of its gang launch; "
+                "a join token registers each machine of its launch once",
+                f"gang join token (for {join.max_uses} machines) presented by one more, claiming {reg.instance_id}",
+            )
+        try:
+            with session.begin_nested():
+                used = JoinUse(token_id=join.id, instance_id=reg.instance_id, retry_key_hash=key_hash, used_at=now)
+                session.add(used)
+                session.flush()
+        except IntegrityError:
+            # The same instance registered concurrently and won: this one is the replay.
+            raise _gang_replay(reg, join) from None
+    else:
+        retry_of = used.worker_id
+    for old in session.scalars(
+        select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES)).with_for_update()
+    ):
+        if old.id != retry_of:
+            raise _refuse(
+                reg,
+                join,
+                "registration_refused",
+                f"instance {reg.instance_id} already has a live worker ({old.id}); a restarted agent "
+                "re-registers with its worker token, or deregister that worker first",
+                f"gang join token claimed instance {reg.instance_id} of live worker {old.id}",
+            )
+    if retry_of is not None:
+        old_worker = session.get(Worker, retry_of)
+        if old_worker is not None:
+            _retire(session, old_worker, now=now)
+    worker, plaintext = _new_worker(session, reg, now=now, launch=launch)
+    used.worker_id = worker.id
+    return worker, plaintext
+
+
+def _gang_replay(reg: Registration, join: ApiToken) -> Forbidden:
+    return _refuse(
+        reg,
+        join,
+        "join_replay",
+        "this join token was already used by this machine; a join token registers each machine of its launch once "
+        "(a restarted agent re-registers with its worker token)",
+        f"gang join token presented again by {reg.instance_id}",
+    )
+
+
+def _expel_gang_impostors(session: Session, launch: Instance, *, now: datetime) -> list[str]:
+    """Once the provider reported an instance for every row of a gang launch: workers
+    that registered with its token claiming another instance id are expelled."""
+    assert launch.launch_request_id is not None
+    rows = gang_rows(session, launch.launch_request_id)
+    if any(r.provider_instance_id is None for r in rows):
+        return []  # not every id is known yet: checked again when the last one is
+    ids = {r.provider_instance_id for r in rows if r.provider_instance_id}
+    expelled: list[str] = []
+    for join, use in session.execute(
+        select(ApiToken, JoinUse)
+        .join(JoinUse, JoinUse.token_id == ApiToken.id)
+        .where(ApiToken.kind == "join", ApiToken.request_id == launch.launch_request_id, ApiToken.max_uses > 1)
+    ):
+        if use.instance_id in ids or not use.worker_id:
+            continue
+        worker = session.get(Worker, use.worker_id)
+        if worker is None or worker.state not in LIVE_STATES:
+            continue
+        deregister(session, worker.id, now=now, reason="impostor")
+        security.record(
+            session,
+            SecurityNote(
+                kind=security.LAUNCH_MISMATCH,
+                detail=(
+                    f"worker {worker.id} registered as {use.instance_id} with the join token of gang launch "
+                    f"{launch.launch_request_id}, whose instances the provider reports as {', '.join(sorted(ids))}; "
+                    "deregistered"
+                ),
+                token_id=join.id,
+                token_kind="join",
+                pool=launch.pool,
+                instance_id=use.instance_id,
+                worker_id=worker.id,
+            ),
+            now=now,
+        )
+        expelled.append(worker.id)
+    return expelled
