@@ -20,6 +20,11 @@ Run as an ordinary user, the agent and its tasks share that user (see docs/agent
 Instance ids derive from the request id, and the record is written before the process
 starts: a launch retried after a crash finds the record and starts (or returns) the
 same instance instead of a second one.
+
+A gang launch (`nodes` = k) starts k instances (`<request digest>-0` .. `-(k-1)`), all
+tagged with the gang, from the one user-data (its join token registers each of them
+once); if one cannot start, the others are stopped and the launch raises
+`CapacityError`: all or nothing, as the cloud drivers.
 """
 
 from __future__ import annotations
@@ -45,12 +50,14 @@ from typing import Any
 
 from providers.base import (
     Capabilities,
+    CapacityError,
     DriverOptions,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
     Offering,
     ProviderInstance,
+    Scope,
     TransientError,
 )
 from providers.bootstrap import BootstrapError, parse_user_data
@@ -196,7 +203,22 @@ class LocalProvider:
             problem = ensure_task_user(TASK_USER)
             if problem and os.geteuid() == 0:
                 log.warning("%s", problem)
-        out = [self._ensure_started(self._instance_id(request.request_id, 0), request, bootstrap)]
+        nodes = max(request.nodes, 1)
+        out: builtins.list[ProviderInstance] = []
+        for n in range(nodes):
+            try:
+                out.append(self._ensure_started(self._instance_id(request.request_id, n), request, bootstrap))
+            except TransientError as exc:
+                if nodes == 1:
+                    raise
+                # All or nothing: stop the machines this gang launch started (and mark
+                # the one that failed), so no half gang is left running.
+                self.terminate([self._instance_id(request.request_id, m) for m in range(n + 1)])
+                raise CapacityError(
+                    f"cannot start all {nodes} local machines of gang {request.gang}: {exc.message}; "
+                    "none is left running",
+                    scope=Scope.OFFERING,
+                ) from None
         return out
 
     def list(self, owner: str) -> builtins.list[ProviderInstance]:

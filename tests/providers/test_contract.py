@@ -16,9 +16,10 @@ error every time and terminate never touches a machine.
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -388,12 +389,12 @@ def test_a_missing_sdk_is_one_missing_extra_line(
 #   an srun step) and a 2-node gang must be refused with InvalidRequest;
 # - static: launches nothing, a gang is refused with InvalidRequest;
 # - fake: launches a 2-node gang (all or nothing against its capacity knob);
-# - local: launches one machine per request; a gang's machines are launched one
-#   request each today (docs/gangs.md), so `nodes > 1` is not part of its contract yet.
-#   It is in NOT_YET, and `test_every_driver_has_a_gang_case` fails if a driver is in
-#   neither.
-GANG_WIDTH = {"fake": 2, "aws": 2, "gcp": 2, "azure": 2, "slurm": 1, "static": 0}
-NOT_YET = {"local"}
+# - local: launches a 2-node gang (k agent processes); one that cannot start stops the
+#   others.
+# A driver without a gang case goes in NOT_YET (none today), and
+# `test_every_driver_has_a_gang_case` fails if a driver is in neither.
+GANG_WIDTH = {"fake": 2, "local": 2, "aws": 2, "gcp": 2, "azure": 2, "slurm": 1, "static": 0}
+NOT_YET: set[str] = set()
 
 
 def _refuse_one_node(name: str, backend: Backend) -> type[ProviderError]:
@@ -411,6 +412,18 @@ def _refuse_one_node(name: str, backend: Backend) -> type[ProviderError]:
     if name == "fake":
         assert isinstance(backend.provider, FakeProvider)
         backend.provider.set_capacity(backend.offering.key, 1)  # room for one of the two
+        return CapacityError
+    if name == "local":
+        assert isinstance(backend.provider, LocalProvider)
+        command, started = backend.provider._command, []
+
+        def second_fails(boot: Path) -> Sequence[str]:
+            started.append(boot)
+            if len(started) == 2:
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+            return command(boot)
+
+        backend.provider._command = second_fails
         return CapacityError
     return InvalidRequest  # slurm (wider than its one-node partition), static
 

@@ -1,6 +1,7 @@
 """A multi-node task end to end on one machine: `autoscaler up` (a real process: API,
 reconciler, embedded policy, local provider, real agent processes). A 2-node x 2-GPU
-gang launches two local machines; both ranks start within a second of each other with
+gang launches two local machines with ONE launch request (nodes=2, one shared join
+token that registers each of them once); both ranks start within a second of each other with
 the rendezvous variables, meet over TCP (no torch) and the gang succeeds. Then a second
 gang's rank 1 agent is killed: the whole gang is stopped and requeued as one (its
 machine-caused end spends no attempt) and succeeds on the next attempt."""
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from providers.base import TAG_GANG
 from tests.conftest import REPO, free_port
 
 # Each rank prints when it started and its variables, then meets the others at
@@ -156,6 +158,12 @@ def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> No
         )
         instances = api.get("/api/v1/instances", params={"include_terminated": True}).json()
         assert len([i for i in instances if i["pool"] == "local-gpu"]) == 2
+        # Through the one-request path: the local driver's records of the gang's two
+        # machines name ONE launch request (nodes=2), tagged with the gang.
+        records = [json.loads(p.read_text()) for p in sorted((home / "local-instances").glob("*/instance.json"))]
+        gang_records = [r for r in records if r["tags"].get(TAG_GANG) == first]
+        assert len(gang_records) == 2, records
+        assert len({r["request_id"] for r in gang_records}) == 1, gang_records
         starts = _starts(api, first, 1)
         assert len(starts) == 2 and abs(starts[0] - starts[1]) < 1.0, starts
         print(f"first gang: rank start skew {abs(starts[0] - starts[1]) * 1000:.0f} ms")
