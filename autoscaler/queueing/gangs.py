@@ -210,6 +210,13 @@ def pending_start(session: Session, worker_id: str) -> TaskRank | None:
     )
 
 
+def unstarted(session: Session, task: Task) -> list[TaskRank]:
+    """Ranks of the gang handed their start (or not yet) that never reported it."""
+    return list(
+        session.scalars(select(TaskRank).where(TaskRank.task_id == task.id, TaskRank.state == RankState.LEASED.value))
+    )
+
+
 def stop_others(session: Session, task: Task, ended: TaskRank | None, *, now: datetime) -> list[TaskRank]:
     """The gang's attempt ended: every other rank still leased or running is told to
     stop (the worker's heartbeat lists it in `cancel`: SIGTERM, the grace, then KILL),

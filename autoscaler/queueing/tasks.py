@@ -950,13 +950,33 @@ def expire_leases(session: Session, *, now: datetime) -> list[Task]:
             select(Task).where(Task.state == TaskState.LEASED.value, Task.lease_deadline < now).with_for_update()
         )
     )
-    for task in tasks:
+    # A gang some of whose ranks started while another's start never did (its lease
+    # answer was lost: a crash after the N-th reservation committed, before the answer
+    # reached that agent) is half started: past the lease deadline it is ended like a
+    # lease that expired, so a gang starts whole or is released, never half.
+    half = list(
+        session.scalars(
+            select(Task)
+            .where(
+                Task.state == TaskState.RUNNING.value,
+                Task.nodes > 1,
+                Task.lease_deadline < now,
+                exists().where(TaskRank.task_id == Task.id, TaskRank.state == RankState.LEASED.value),
+            )
+            .with_for_update(of=Task)
+        )
+    )
+    for task in [*tasks, *half]:
         worker_id = task.worker_id
         task.end_reason = "lost:lease_expired"
+        if task in half:
+            # Its unstarted ranks' starts were never confirmed long past the deadline:
+            # released at once (an agent reporting that start this late is refused).
+            gangs.release(session, gangs.unstarted(session, task), now=now, reason="start never confirmed")
         if gangs.is_gang(task):
             gangs.stop_others(session, task, None, now=now)
         transition(session, task, TaskState.LOST, reason="lease expired", now=now)
         requeue_or_fail(session, task, now=now, reason="lease expired")
         for wid in [worker_id] if worker_id else gangs.released_workers(session, task):
             _release_worker(session, wid, now)
-    return tasks
+    return [*tasks, *half]
