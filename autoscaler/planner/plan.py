@@ -1206,8 +1206,10 @@ def plan(inp: PlanInput) -> Plan:
     book = _TeamBook(sc)
     # Gangs first, each as one unit (reuse and launch), then single tasks.
     packer = _Packer(sc, bounds, count, book, type_ok)
-    gangs = _plan_gangs(sc, bounds, count, cap, book, packer.chooser)
-    packer.count = Counter(gangs.count)
+    gangs = _GangPlan([], [], 0, count)
+    if any(g.gang is not None for g in inp.demand):
+        gangs = _plan_gangs(sc, bounds, count, cap, book, packer.chooser)
+        packer.count = Counter(gangs.count)
     remaining, placed_existing = _fit_existing(sc, _ordered_runs(sc), cap, book, type_ok)
     # 3. launch for the rest, then for pool minimums
     packed = packer.pack(remaining)
@@ -1216,7 +1218,9 @@ def plan(inp: PlanInput) -> Plan:
     # 4. scale down
     drains = _scale_down(sc, bounds, cap, count)
     notes = _fail_safe_notes(inp.decision) + min_notes
-    holds = tuple(sorted((*gangs.holds, *_holds(packed)), key=lambda h: (h.team, h.queue, h.reason)))
+    holds = _holds(packed)
+    if gangs.holds:
+        holds = tuple(sorted((*gangs.holds, *holds), key=lambda h: (h.team, h.queue, h.reason)))
     return Plan(
         tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing + gangs.placed, tuple(notes)
     )
