@@ -62,19 +62,25 @@ def check_invariants(moto: MotoEC2, owner: str, db_url: str, where: str) -> dict
     finally:
         engine.dispose()
     live = live_instances(moto, owner)
-    recorded = {r.request_id for r in rows}
+    # A gang launch is k rows sharing one provider request id: k machines for it are right.
+    rows_of: dict[str, list[Instance]] = {}
+    for r in rows:
+        rows_of.setdefault(r.launch_request_id or r.request_id, []).append(r)
+    recorded = set(rows_of)
     by_request: dict[str | None, int] = {}
     for inst in live:
         by_request[inst["request_id"]] = by_request.get(inst["request_id"], 0) + 1
-    dupes = {k: n for k, n in by_request.items() if n > 1}
-    assert not dupes, f"{where}: two live instances for one launch: {dupes}"
-    by_rid = {r.request_id: r for r in rows}
+    dupes = {k: n for k, n in by_request.items() if n > len(rows_of.get(k or "", [None]))}
+    assert not dupes, f"{where}: more live instances for one launch than it asked for: {dupes}"
     rebound = [
         i
         for i in live
-        if i["request_id"] in by_rid and by_rid[i["request_id"]].provider_instance_id not in (None, i["id"])
+        if i["request_id"] in rows_of
+        and all(r.provider_instance_id not in (None, i["id"]) for r in rows_of[i["request_id"]])
     ]
     assert not rebound, f"{where}: a record points at another instance than the one launched for it: {rebound}"
+    held = [r.provider_instance_id for r in rows if r.provider_instance_id]
+    assert len(held) == len(set(held)), f"{where}: two records hold one instance: {held}"
     untracked = [i for i in live if i["request_id"] not in recorded]
     assert not untracked, f"{where}: live instances whose launch was never recorded: {untracked}"
     assert len(live) <= MAX_INSTANCES, f"{where}: {len(live)} live instances over the cap {MAX_INSTANCES}"
@@ -83,7 +89,7 @@ def check_invariants(moto: MotoEC2, owner: str, db_url: str, where: str) -> dict
     return {"live": len(live), "records": len(rows), "open": sum(1 for r in rows if r.state in OPEN)}
 
 
-def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]]) -> list[str]:
+def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]], *, nodes: int = 1) -> list[str]:
     owner = unique_owner("crash")
     db_url = f"sqlite:///{tmp_path / 'autoscaler.db'}"
     cp = ControlPlane(tmp_path, aws_config(moto.url, owner, free_port(), db_url))
@@ -92,7 +98,8 @@ def _crash_run(tmp_path: Path, moto: MotoEC2, crashes: list[tuple[str, int]]) ->
         with cp.api() as api:
             for i in range(TASKS):
                 r = api.post(
-                    "/api/v1/tasks", json={"queue": "gpu", "gpus": 1, "team": "vision", "command": ["train", str(i)]}
+                    "/api/v1/tasks",
+                    json={"queue": "gpu", "gpus": 1, "nodes": nodes, "team": "vision", "command": ["train", str(i)]},
                 )
                 assert r.status_code == 201, r.text
         until("a first launch", lambda: live_instances(moto, owner), 30, cp)
@@ -168,6 +175,25 @@ def test_kill_at_each_launch_and_terminate_point(tmp_path: Path, moto_ec2: MotoE
     reached = [o for o in outcomes if "killed at the point" in o]
     # Each point must really be reached, or the test proves nothing about it.
     assert len(reached) == len(LAUNCH_AND_TERMINATE), outcomes
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known, not fixed yet: the gang launch (one CreateFleet of 2 on moto) takes longer than this config's "
+    "3 s boot timeout on a loaded machine, so the planner times out its rows while the call is in flight (they "
+    "have no provider id yet and end terminated); the kill then comes before the outcome's stray terminate, and "
+    "the 2 machines wait for the orphan grace while the next gang launches: 4 live of max 3. Single launches "
+    "have the same window, only shorter. The in-process crash cases are tests/reconciler/test_gang_launch.py.",
+)
+@pytest.mark.timeout(360)
+def test_kill_at_each_launch_point_of_a_gang_launch(tmp_path: Path, moto_ec2: MotoEC2) -> None:
+    """Gangs of 2: their machines go out as one RunInstances of 2 (MinCount = 2), k rows
+    sharing its request id; a kill at each point neither doubles nor leaks a machine."""
+    points = [p for p in LAUNCH_AND_TERMINATE if "terminate" not in p]
+    outcomes = _crash_run(tmp_path, moto_ec2, [(p, 0) for p in points], nodes=2)
+    reached = [o for o in outcomes if "killed at the point" in o]
+    assert len(reached) == len(points), outcomes
+    assert any(c.params.get("MinCount") in ("2", 2) for c in moto_ec2.calls("RunInstances")), "no gang launch"
 
 
 @pytest.mark.slow
