@@ -338,8 +338,12 @@ def lease(
     # and several queries. Skipping is safe: a task queued just after the probe is
     # seen by the next poll, exactly as if it had been queued just after a full lease.
     # (The poll then does not refresh last_heartbeat; heartbeats do that.)
-    # The same probe asks whether a gang's start waits for this worker.
-    queued, starts = session.execute(
+    # The same probe asks whether a gang's start waits for this worker, and whether a
+    # partial reservation has outlived its timeout (ix_task_ranks_state: there are only
+    # as many reserved ranks as gangs forming), so the release below costs a lease
+    # nothing until one has: leases are the hot path, a stale reservation is rare.
+    stale_before = now - timedelta(seconds=settings.reservation_timeout_s)
+    queued, starts, stale = session.execute(
         select(
             exists().where(Task.state == TaskState.QUEUED.value),
             exists().where(
@@ -347,11 +351,12 @@ def lease(
                 TaskRank.state == RankState.LEASED.value,
                 TaskRank.delivered_at.is_(None),
             ),
+            exists().where(TaskRank.state == RankState.RESERVED.value, TaskRank.reserved_at < stale_before),
         )
     ).one()
     if not queued and not starts:
-        return None
-    if queued:  # a reserving gang is queued: only then can a reservation be stale
+        return None  # a stale reservation's gang is queued: none can be stale here
+    if stale:
         release_stale_reservations(session, now=now, timeout_s=settings.reservation_timeout_s)
     pending = gangs.pending_start(session, worker_id) if starts else None
     # Touch the worker first: on PostgreSQL this row lock serialises two leases by the
