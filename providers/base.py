@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -248,6 +248,48 @@ class MissingExtra(ProviderError):
         )
         self.extra = extra
         self.package = package
+
+
+def gang_rollback_error(
+    request: LaunchRequest,
+    exc: ProviderError,
+    *,
+    delete_all: Callable[[], None],
+    started: int,
+    where: str,
+    placement_fix: str | None = None,
+) -> ProviderError:
+    """Delete a gang's machines after one of them failed to launch; the error to raise.
+
+    For a driver that makes a gang one machine at a time (GCP, Azure). `delete_all`
+    deletes every index of the request, not only those this call made: a crashed
+    earlier attempt may have left later ones, and deleting a missing one is success.
+    What the caller gets:
+    - the cleanup failed: `TransientError`, so the next launch of this request retries it;
+    - no capacity: `CapacityError` at offering scope saying how far it got (`started`
+      machines in `where`), so the planner tries the whole gang elsewhere;
+    - not found, with a placement group set (`placement_fix` says what the option must
+      name): `InvalidRequest`, a config error, most likely that group;
+    - anything else: `exc` itself.
+    """
+    gang = request.gang or request.request_id
+    try:
+        delete_all()
+    except ProviderError as cleanup:
+        return TransientError(
+            f"gang {gang}: {exc.message}; deleting its other VMs failed too ({cleanup.message}): "
+            "the next launch of this request retries the cleanup"
+        )
+    if isinstance(exc, CapacityError):
+        return CapacityError(
+            f"gang {gang}: {started} of {request.nodes} {request.offering.instance_type} VMs started in "
+            f"{where} before {exc.message}; deleted them",
+            scope=Scope.OFFERING,
+            code=exc.code,
+        )
+    if isinstance(exc, NotFound) and placement_fix is not None:
+        return InvalidRequest(f"{exc.message}: {placement_fix} (create it, or fix the name)", code=exc.code)
+    return exc
 
 
 def import_extra(module: str, *, extra: str, package: str) -> ModuleType:

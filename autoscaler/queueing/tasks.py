@@ -338,8 +338,12 @@ def lease(
     # and several queries. Skipping is safe: a task queued just after the probe is
     # seen by the next poll, exactly as if it had been queued just after a full lease.
     # (The poll then does not refresh last_heartbeat; heartbeats do that.)
-    # The same probe asks whether a gang's start waits for this worker.
-    queued, starts = session.execute(
+    # The same probe asks whether a gang's start waits for this worker, and whether a
+    # partial reservation has outlived its timeout (ix_task_ranks_state: there are only
+    # as many reserved ranks as gangs forming), so the release below costs a lease
+    # nothing until one has: leases are the hot path, a stale reservation is rare.
+    stale_before = now - timedelta(seconds=settings.reservation_timeout_s)
+    queued, starts, stale = session.execute(
         select(
             exists().where(Task.state == TaskState.QUEUED.value),
             exists().where(
@@ -347,11 +351,12 @@ def lease(
                 TaskRank.state == RankState.LEASED.value,
                 TaskRank.delivered_at.is_(None),
             ),
+            exists().where(TaskRank.state == RankState.RESERVED.value, TaskRank.reserved_at < stale_before),
         )
     ).one()
     if not queued and not starts:
-        return None
-    if queued:  # a reserving gang is queued: only then can a reservation be stale
+        return None  # a stale reservation's gang is queued: none can be stale here
+    if stale:
         release_stale_reservations(session, now=now, timeout_s=settings.reservation_timeout_s)
     pending = gangs.pending_start(session, worker_id) if starts else None
     # Touch the worker first: on PostgreSQL this row lock serialises two leases by the
@@ -390,19 +395,8 @@ def lease(
         session, adm, added_spend(adm, machine, task.gpus), now=now
     ):
         return None  # a concurrent lease spent the headroom first; the next poll looks again
-    task.attempts += 1
-    task.worker_id = worker.id
-    task.gpu_indices = free[: task.gpus]
-    task.lease_deadline = now + LEASE_TTL
-    task.exit_code = None
-    task.end_reason = None
-    transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"worker {worker.hostname}")
-    move_worker(worker, WorkerState.BUSY)
-    worker.idle_since = None
-    if adm is not None and adm.quota is not None and table is not None:
-        held = {t: g for t, (g, _n) in usage.items()}
-        held[task.team] = held.get(task.team, 0) + task.gpus
-        reclaim_borrowed(session, table, held, now=now)
+    _start_attempt(session, task, worker.id, free[: task.gpus], detail=f"worker {worker.hostname}", now=now)
+    _occupy(session, worker, task, task.gpus, adm, table, usage, now=now)
     return task
 
 
@@ -426,26 +420,54 @@ def _reserve_rank(
     if not taken and adm is not None and not admission_store.spend_headroom(session, adm, whole, now=now):
         return None
     rank = gangs.reserve(session, task, worker, free[: task.gpus], now=now)
-    move_worker(worker, WorkerState.BUSY)
-    worker.idle_since = None
-    if not taken and adm is not None and adm.quota is not None and table is not None:
-        held = {t: g for t, (g, _n) in usage.items()}
-        held[task.team] = held.get(task.team, 0) + task.gpus * task.nodes
-        reclaim_borrowed(session, table, held, now=now)
+    # The quota is taken for the whole gang at its first rank, as the spend was.
+    _occupy(session, worker, task, task.gpus * task.nodes, None if taken else adm, table, usage, now=now)
     ranks = [*taken, rank]
     if len(ranks) < task.nodes:
         return None
-    task.attempts += 1
-    task.worker_id = None  # a gang's workers are its ranks'
-    task.gpu_indices = []
-    task.lease_deadline = now + LEASE_TTL
-    task.exit_code = None
-    task.end_reason = None
     workers = ", ".join(r.worker_id for r in ranks)
-    transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=f"{task.nodes} ranks: {workers}")
+    # A gang's workers and GPU indices are its ranks'.
+    _start_attempt(session, task, None, [], detail=f"{task.nodes} ranks: {workers}", now=now)
     gangs.complete(session, ranks, now=now)
     rank.delivered_at = now
     return task
+
+
+def _occupy(
+    session: Session,
+    worker: Worker,
+    task: Task,
+    gpus: int,
+    adm: TeamAdmission | None,
+    table: AdmissionTable | None,
+    usage: Mapping[str, tuple[int, int]],
+    *,
+    now: datetime,
+) -> None:
+    """The worker is busy with `task`; with `adm` (the lease that admits the task),
+    the team's GPUs held grow by `gpus` and any team now over its quota's borrowing
+    gives GPUs back (`reclaim_borrowed`). Shared by a single task and a gang's rank."""
+    move_worker(worker, WorkerState.BUSY)
+    worker.idle_since = None
+    if adm is not None and adm.quota is not None and table is not None:
+        held = {t: g for t, (g, _n) in usage.items()}
+        held[task.team] = held.get(task.team, 0) + gpus
+        reclaim_borrowed(session, table, held, now=now)
+
+
+def _start_attempt(
+    session: Session, task: Task, worker_id: str | None, gpu_indices: list[int], *, detail: str, now: datetime
+) -> None:
+    """Open the task's next attempt: leased, its last end cleared, with `LEASE_TTL` for
+    the agent to report it started. The one bookkeeping of a single task's lease and a
+    gang's completed reservation (`worker_id` None: a gang's workers are its ranks')."""
+    task.attempts += 1
+    task.worker_id = worker_id
+    task.gpu_indices = gpu_indices
+    task.lease_deadline = now + LEASE_TTL
+    task.exit_code = None
+    task.end_reason = None
+    transition(session, task, TaskState.LEASED, reason="leased", now=now, detail=detail)
 
 
 def release_stale_reservations(session: Session, *, now: datetime, timeout_s: float) -> list[str]:

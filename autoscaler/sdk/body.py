@@ -1,74 +1,105 @@
-"""The JSON body of `POST /api/v1/tasks`, built from typed arguments.
+"""What a task asks for, defined once, and the JSON body of `POST /api/v1/tasks` built from it.
 
-The fields every server knows are always sent. The fields of code-carrying tasks
-(`image`, `code`, `setup`, `outputs`, checkpoints, the expected run time) are sent
-only when set, so a task
-that does not use them enqueues on a server that does not know them yet (such a
-server answers 422 for a field it does not know).
+`TaskOptions` names every option `Client.submit` and the CLI's `enqueue` take and
+`RemoteOptions` the ones `run_remotely` takes (all but `working_dir` and `code`, which
+it sets itself): the signatures are `**options: Unpack[...]` of these, so an option is
+added in one place and mypy checks every call against it.
+
+The fields every server knows are always sent (with the defaults below, the server's
+own). The fields of code-carrying tasks (`image`, `code`, `setup`, `outputs`,
+checkpoints, the expected run time) are sent only when set, so a task that does not
+use them enqueues on a server that does not know them yet (such a server answers 422
+for a field it does not know).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
+from autoscaler.sdk.errors import SdkError
 from autoscaler.sdk.models import CodeSource
 
 
-def task_body(
-    command: Sequence[str],
-    *,
-    queue: str,
-    gpus: int = 0,
-    nodes: int = 1,
-    gpu_type: str | None = None,
-    cpus: float = 0,
-    memory_mb: int = 0,
-    env: Mapping[str, str] | None = None,
-    secret_env: Mapping[str, str] | None = None,
-    working_dir: str | None = None,
-    priority: int = 0,
-    max_attempts: int = 3,
-    retry_on_exit_codes: Sequence[int] | None = None,
-    timeout_s: float | None = None,
-    team: str | None = None,
-    image: str | None = None,
-    image_pull_secret: str | None = None,
-    code: CodeSource | None = None,
-    setup: str | None = None,
-    outputs: Sequence[str] | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every_s: int | None = None,
-    checkpoints: str | None = None,
-    expected_runtime_s: float | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "queue": queue,
-        "command": list(command),
-        "gpus": gpus,
-        "nodes": nodes,
-        "gpu_type": gpu_type,
-        "cpus": cpus,
-        "memory_mb": memory_mb,
-        "priority": priority,
-        "max_attempts": max_attempts,
-        "retry_on_exit_codes": None if retry_on_exit_codes is None else list(retry_on_exit_codes),
-        "timeout_s": timeout_s,
-        "env": dict(env or {}),
-        "secret_env": dict(secret_env or {}),
-        "working_dir": working_dir,
-        "team": team,
-    }
-    optional: dict[str, Any] = {
-        "image": image,
-        "image_pull_secret": image_pull_secret,
-        "code": None if code is None else code.to_json(),
-        "setup": setup,
-        "outputs": None if outputs is None else list(outputs),
-        "checkpoint_dir": checkpoint_dir,
-        "checkpoint_every_s": checkpoint_every_s,
-        "checkpoints": checkpoints,
-        "expected_runtime_s": expected_runtime_s,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
+class RemoteOptions(TypedDict, total=False):
+    """The options of a task a script sends itself as (docs/sdk.md has each)."""
+
+    gpus: int  # GPUs on each machine; default 0
+    nodes: int  # machines it runs on at once, started together (a gang); default 1
+    gpu_type: str | None  # words a GPU type must match, e.g. "A100 80GB"
+    cpus: float  # per machine; default 0 (any)
+    memory_mb: int  # per machine; default 0 (any)
+    env: Mapping[str, str] | None  # plain configuration, shown everywhere
+    secret_env: Mapping[str, str] | None  # sealed at rest, given only to the worker running it
+    priority: int  # higher runs first within the queue; default 0
+    max_attempts: int  # failed attempts before it fails for good; default 3
+    retry_on_exit_codes: Sequence[int] | None  # retry only these exit codes
+    timeout_s: float | None  # seconds before it is stopped
+    team: str | None  # admins only: the team it is for
+    image: str | None  # run the command in this container image
+    image_pull_secret: str | None  # the secret env name holding the registry credential
+    setup: str | None  # a shell line run before the command
+    outputs: Sequence[str] | None  # paths or globs kept as artifacts after the task
+    checkpoint_dir: str | None  # a directory kept across attempts
+    checkpoint_every_s: int | None  # how often that directory is saved
+    checkpoints: str | None  # what the task survives: none, on-signal, every:MIN
+    expected_runtime_s: float | None  # how long it runs; default: estimated from earlier runs
+
+
+class TaskOptions(RemoteOptions, total=False):
+    """Every option of a task (`Client.submit`, `autoscaler enqueue`)."""
+
+    working_dir: str | None  # absolute directory on the worker; default: a scratch dir of its own
+    code: CodeSource | None  # a snapshot or a git checkout the worker fetches
+
+
+# Sent with every task: the server's defaults, so a body that leaves an option out and
+# one that sends its default mean the same.
+_ALWAYS_SENT: dict[str, Any] = {
+    "gpus": 0,
+    "nodes": 1,
+    "gpu_type": None,
+    "cpus": 0,
+    "memory_mb": 0,
+    "priority": 0,
+    "max_attempts": 3,
+    "retry_on_exit_codes": None,
+    "timeout_s": None,
+    "env": None,
+    "secret_env": None,
+    "working_dir": None,
+    "team": None,
+}
+
+
+# The names, for a check at run time: a TypedDict binds only the type checker.
+REMOTE_OPTION_NAMES = frozenset(RemoteOptions.__annotations__)
+TASK_OPTION_NAMES = frozenset(TaskOptions.__annotations__)
+
+
+def check_options(options: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Refuse an option the SDK does not know: a misspelt keyword in a script nobody
+    type-checks would otherwise be sent and refused by the server with less to go on."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise SdkError(
+            f"unknown task option {', '.join(map(repr, unknown))}: the options are "
+            f"{', '.join(sorted(allowed))} (docs/sdk.md has each)"
+        )
+
+
+def task_body(command: Sequence[str], *, queue: str, **options: Unpack[TaskOptions]) -> dict[str, Any]:
+    check_options(options, TASK_OPTION_NAMES)
+    given: dict[str, Any] = dict(options)
+    body: dict[str, Any] = {"queue": queue, "command": list(command)}
+    body.update({k: given.pop(k, default) for k, default in _ALWAYS_SENT.items()})
+    retry = body["retry_on_exit_codes"]
+    body["retry_on_exit_codes"] = None if retry is None else list(retry)
+    body["env"] = dict(body["env"] or {})
+    body["secret_env"] = dict(body["secret_env"] or {})
+    code = given.pop("code", None)
+    given["code"] = None if code is None else code.to_json()
+    outputs = given.pop("outputs", None)
+    given["outputs"] = None if outputs is None else list(outputs)
+    body.update({k: v for k, v in given.items() if v is not None})
     return body

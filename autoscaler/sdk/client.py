@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
-from autoscaler.sdk.body import task_body
+from autoscaler.sdk.body import TaskOptions, task_body
 from autoscaler.sdk.errors import SdkError
-from autoscaler.sdk.models import CodeSource, Snapshot, TaskInfo
+from autoscaler.sdk.models import Snapshot, TaskInfo
 from autoscaler.sdk.settings import resolve_server, resolve_token
 from autoscaler.sdk.task import Task
 from autoscaler.sdk.transport import Transport, missing_feature
@@ -50,65 +50,13 @@ class Client:
         reply: dict[str, Any] = self.api.post("/api/v1/tasks", dict(body))
         return reply
 
-    def submit(
-        self,
-        command: Sequence[str],
-        *,
-        queue: str,
-        gpus: int = 0,
-        nodes: int = 1,
-        gpu_type: str | None = None,
-        cpus: float = 0,
-        memory_mb: int = 0,
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
-        working_dir: str | None = None,
-        priority: int = 0,
-        max_attempts: int = 3,
-        retry_on_exit_codes: Sequence[int] | None = None,
-        timeout_s: float | None = None,
-        team: str | None = None,
-        image: str | None = None,
-        image_pull_secret: str | None = None,
-        code: CodeSource | None = None,
-        setup: str | None = None,
-        outputs: Sequence[str] | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every_s: int | None = None,
-        checkpoints: str | None = None,
-        expected_runtime_s: float | None = None,
-    ) -> Task:
-        """Enqueue `command` (argv, no shell) and return its handle. The options are the
-        CLI's `enqueue` options; see docs/sdk.md for each."""
+    def submit(self, command: Sequence[str], *, queue: str, **options: Unpack[TaskOptions]) -> Task:
+        """Enqueue `command` (argv, no shell) and return its handle. The options
+        (`TaskOptions`) are the CLI's `enqueue` options; see docs/sdk.md for each."""
         if isinstance(command, str):
             # A string would be sent as one argv entry per character.
             raise SdkError(f"command must be a list of arguments, e.g. {command.split()!r}, not a string")
-        body = task_body(
-            command,
-            queue=queue,
-            gpus=gpus,
-            nodes=nodes,
-            gpu_type=gpu_type,
-            cpus=cpus,
-            memory_mb=memory_mb,
-            env=env,
-            secret_env=secret_env,
-            working_dir=working_dir,
-            priority=priority,
-            max_attempts=max_attempts,
-            retry_on_exit_codes=retry_on_exit_codes,
-            timeout_s=timeout_s,
-            team=team,
-            image=image,
-            image_pull_secret=image_pull_secret,
-            code=code,
-            setup=setup,
-            outputs=outputs,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every_s=checkpoint_every_s,
-            checkpoints=checkpoints,
-            expected_runtime_s=expected_runtime_s,
-        )
+        body = task_body(command, queue=queue, **options)
         return self.task(self.submit_raw(body)["id"])
 
     def task(self, task_id: str) -> Task:

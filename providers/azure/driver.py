@@ -34,17 +34,16 @@ from providers.base import (
     TAG_REQUEST,
     AuthError,
     Capabilities,
-    CapacityError,
     CapacityType,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
-    NotFound,
     Offering,
     ProviderError,
     ProviderInstance,
     Scope,
     TransientError,
+    gang_rollback_error,
     import_extra,
 )
 
@@ -121,35 +120,18 @@ class AzureProvider:
             except ProviderError as exc:
                 if request.nodes == 1:
                     raise
-                raise self._roll_back(request, names, len(out), exc) from None
+                raise gang_rollback_error(
+                    request,
+                    exc,
+                    delete_all=lambda: self.terminate(names),
+                    started=len(out),
+                    where=request.offering.zone or self.settings.location,
+                    placement_fix=None
+                    if not self.settings.proximity_placement_group
+                    else f"options.proximity_placement_group must name an existing proximity placement group in "
+                    f"{self.settings.location}",
+                ) from None
         return out
-
-    def _roll_back(self, request: LaunchRequest, names: list[str], started: int, exc: ProviderError) -> ProviderError:
-        """Delete a gang's VMs after one of them failed; the error for the caller."""
-        gang = request.gang or request.request_id
-        # Every index, not only those this call made: a crashed earlier attempt may have
-        # left later ones, and deleting a missing VM is success.
-        try:
-            self.terminate(names)
-        except ProviderError as cleanup:
-            return TransientError(
-                f"gang {gang}: {exc.message}; deleting its other VMs failed too ({cleanup.message}): "
-                "the next launch of this request retries the cleanup"
-            )
-        if isinstance(exc, CapacityError):
-            return CapacityError(
-                f"gang {gang}: {started} of {request.nodes} {request.offering.instance_type} VMs created "
-                f"before {exc.message}; deleted them",
-                scope=Scope.OFFERING,
-                code=exc.code,
-            )
-        if isinstance(exc, NotFound) and self.settings.proximity_placement_group:
-            return InvalidRequest(
-                f"{exc.message}: options.proximity_placement_group must name an existing proximity "
-                f"placement group in {self.settings.location} (create it, or fix the name)",
-                code=exc.code,
-            )
-        return exc
 
     def list(self, owner: str) -> list[ProviderInstance]:
         out: list[ProviderInstance] = []

@@ -32,17 +32,16 @@ from providers.base import (
     TAG_REQUEST,
     AuthError,
     Capabilities,
-    CapacityError,
     CapacityType,
     InstanceStatus,
     InvalidRequest,
     LaunchRequest,
-    NotFound,
     Offering,
     ProviderError,
     ProviderInstance,
     Scope,
     TransientError,
+    gang_rollback_error,
     import_extra,
 )
 from providers.gcp.errors import from_api_exception, from_errors
@@ -112,38 +111,20 @@ class GcpProvider:
             except ProviderError as exc:
                 if request.nodes == 1:
                     raise
-                raise self._roll_back(request, zone, names, done, exc) from None
+                raise gang_rollback_error(
+                    request,
+                    exc,
+                    delete_all=lambda: self.terminate([f"{zone}/{name}" for name in names]),
+                    started=len(done),
+                    where=zone,
+                    # An insert that names a missing resource: with a policy set, most likely it.
+                    placement_fix=None
+                    if not self.settings.placement_policy
+                    else f"options.placement_policy must name a compact placement policy in region "
+                    f"{self.settings.region}",
+                ) from None
             done.append(name)
         return [self._launched_view(request, zone, name) for name in names]
-
-    def _roll_back(
-        self, request: LaunchRequest, zone: str, names: list[str], done: list[str], exc: ProviderError
-    ) -> ProviderError:
-        """Delete a gang's VMs after one of them failed; the error for the caller."""
-        # Every index, not only those this call made: a crashed earlier attempt may have
-        # left the later ones, and deleting an unknown name is success.
-        try:
-            self.terminate([f"{zone}/{name}" for name in names])
-        except ProviderError as cleanup:
-            return TransientError(
-                f"gang {request.gang or request.request_id}: {exc.message}; deleting its other VMs "
-                f"failed too ({cleanup.message}): the next launch of this request retries the cleanup"
-            )
-        if isinstance(exc, CapacityError):
-            return CapacityError(
-                f"gang {request.gang or request.request_id}: {len(done)} of {request.nodes} "
-                f"{request.offering.instance_type} VMs started in {zone} before {exc.message}; deleted them",
-                scope=Scope.OFFERING,
-                code=exc.code,
-            )
-        if isinstance(exc, NotFound) and self.settings.placement_policy:
-            # An insert that names a missing resource: with a policy set, most likely it.
-            return InvalidRequest(
-                f"{exc.message}: options.placement_policy must name a compact placement policy "
-                f"in region {self.settings.region} (create it, or fix the name)",
-                code=exc.code or "notFound",
-            )
-        return exc
 
     def list(self, owner: str) -> list[ProviderInstance]:
         compute = self._compute

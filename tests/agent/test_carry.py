@@ -13,14 +13,11 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from autoscaler.artifacts.records import snapshot_key
-from autoscaler.workload.snapshot import pack_directory
+from tests.agent.carrying import artifact, reclaim, spot_flags, spot_metadata, upload_dir, vision
 from tests.agent.conftest import PY, AgentHarness, wait_for
-from tests.conftest import issue_token
-from tests.fakes.metadata import FakeMetadata
 from tests.fakes.stores import STORES, azurite, gcs_url, moto_s3, open_test_store  # noqa: F401 - fixtures
 
 
@@ -30,29 +27,6 @@ def carry(request: pytest.FixtureRequest, harness: AgentHarness, tmp_path: Path)
     GCS emulator or Azurite (workers then download straight from the bucket on signed URLs)."""
     harness.ctx.artifacts = open_test_store(request, request.param, tmp_path)
     yield harness
-
-
-def vision(h: AgentHarness) -> httpx.Client:
-    token = issue_token(h.ctx, "team", team="vision")
-    return httpx.Client(base_url=h.server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-
-
-def upload_dir(h: AgentHarness, root: Path) -> str:
-    packed = pack_directory(root, limit_bytes=10**7)
-    try:
-        r = vision(h).post("/api/v1/snapshots", content=packed.path.read_bytes())
-    finally:
-        packed.path.unlink()
-    assert r.status_code == 201, r.text
-    assert r.json()["digest"] == packed.digest  # what the client packed is what the server keeps
-    shutil.rmtree(root)  # from here on the code exists only in the store
-    return str(packed.digest)
-
-
-def artifact(h: AgentHarness, task_id: str, name: str) -> bytes:
-    r = vision(h).get(f"/api/v1/tasks/{task_id}/artifacts/{name}")
-    assert r.status_code == 200, r.text
-    return r.content
 
 
 def test_snapshot_code_runs_after_its_setup_and_its_outputs_are_downloadable(
@@ -194,23 +168,11 @@ print('done at step', step, flush=True)
 def test_a_spot_reclaimed_task_resumes_from_its_checkpoint_on_another_agent(
     carry: AgentHarness, tmp_path: Path
 ) -> None:
-    metadata = FakeMetadata("aws", instance_id="i-spot").start()
-    try:
+    with spot_metadata() as metadata:
         task = carry.enqueue([PY, "-c", RESUMING], checkpoint_dir="ckpt", outputs=["out/final.txt"])
-        spot = carry.start_agent(instance_id="", extra=["--provider", "aws", "--metadata-url", metadata.url])
+        spot = carry.start_agent(instance_id="", extra=spot_flags(metadata))
         carry.wait_state(task, "running")
-        wait_for("a few steps", lambda: "starting at step 0" in carry.logs(task), timeout=20)
-        wait_for("notice polls", lambda: metadata.polls() >= 2)
-        import time
-
-        time.sleep(1.0)  # let it count past a few steps
-        metadata.arm()
-        assert spot.wait(30) == 0, spot.log()
-        first = carry.task(task)
-        assert first["state"] == "queued" and first["events"][-2]["reason"] == "interrupted:spot"
-        saved = carry.logs(task)
-        reached = int(saved.split("checkpointed at step ")[1].split()[0])
-        assert reached > 0
+        reached = reclaim(carry, task, metadata, spot, timeout=30)
 
         carry.start_agent(instance_id="i-replacement")
         done = carry.wait_state(task, "succeeded", timeout=40)
@@ -221,8 +183,6 @@ def test_a_spot_reclaimed_task_resumes_from_its_checkpoint_on_another_agent(
         assert artifact(carry, task, "out/final.txt") == b"finished at step 40\n"
         kinds = {(a["name"], a["attempt"]) for a in vision(carry).get(f"/api/v1/tasks/{task}/artifacts").json()}
         assert ("checkpoint.tar.gz", 1) in kinds and ("out/final.txt", 2) in kinds
-    finally:
-        metadata.stop()
 
 
 RANGE = "64120-64135"

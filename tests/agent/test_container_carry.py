@@ -7,20 +7,15 @@ from its checkpoint on another agent."""
 
 from __future__ import annotations
 
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from autoscaler.artifacts.store import LocalStore
-from autoscaler.workload.snapshot import pack_directory
-from tests.agent.conftest import AgentHarness, AgentProcess, wait_for
+from tests.agent.carrying import reclaim, spot_flags, spot_metadata, upload_dir, vision
+from tests.agent.conftest import AgentHarness, AgentProcess
 from tests.agent.oci import IMAGE_MARKER, Oci, oci_setup
-from tests.conftest import issue_token
-from tests.fakes.metadata import FakeMetadata
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +31,6 @@ def boxed(harness: AgentHarness, oci: Oci, monkeypatch: pytest.MonkeyPatch, tmp_
         monkeypatch.setenv(k, v)
     harness.ctx.artifacts = LocalStore(tmp_path / "store")
     return harness
-
-
-def vision(h: AgentHarness) -> httpx.Client:
-    token = issue_token(h.ctx, "team", team="vision")
-    return httpx.Client(base_url=h.server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-
-
-def upload_dir(h: AgentHarness, root: Path) -> str:
-    packed = pack_directory(root, limit_bytes=10**7)
-    try:
-        r = vision(h).post("/api/v1/snapshots", content=packed.path.read_bytes())
-    finally:
-        packed.path.unlink()
-    assert r.status_code == 201, r.text
-    shutil.rmtree(root)  # from here on the code exists only in the store
-    return str(r.json()["digest"])
 
 
 def unprivileged_agent(h: AgentHarness, extra: list[str] | None = None, **kw: object) -> AgentProcess:
@@ -157,21 +136,12 @@ echo "done at step $step"
 def test_a_spot_reclaimed_container_task_resumes_from_its_checkpoint_on_another_agent(
     boxed: AgentHarness, oci: Oci
 ) -> None:
-    metadata = FakeMetadata("aws", instance_id="i-spot").start()
-    try:
+    with spot_metadata() as metadata:
         task = boxed.enqueue(
             ["sh", "-c", RESUMING], gpus=0, image=oci.image, checkpoint_dir="ckpt", outputs=["out/final.txt"]
         )
-        spot = unprivileged_agent(boxed, extra=["--provider", "aws", "--metadata-url", metadata.url], instance_id="")
-        wait_for("the container to count", lambda: "starting at step 0" in boxed.logs(task), timeout=60)
-        wait_for("notice polls", lambda: metadata.polls() >= 2)
-        time.sleep(1.0)  # let it count past a few steps
-        metadata.arm()
-        assert spot.wait(60) == 0, spot.log()
-        first = boxed.task(task)
-        assert first["state"] == "queued" and first["events"][-2]["reason"] == "interrupted:spot", first["events"]
-        reached = int(boxed.logs(task).split("checkpointed at step ")[1].split()[0])
-        assert reached > 0
+        spot = unprivileged_agent(boxed, extra=spot_flags(metadata), instance_id="")
+        reached = reclaim(boxed, task, metadata, spot, timeout=60)
 
         unprivileged_agent(boxed, instance_id="i-replacement")
         done = boxed.wait_state(task, "succeeded", timeout=90)
@@ -182,5 +152,3 @@ def test_a_spot_reclaimed_container_task_resumes_from_its_checkpoint_on_another_
         assert r.status_code == 200 and r.content == b"finished at step 40\n"
         kinds = {(a["name"], a["attempt"]) for a in vision(boxed).get(f"/api/v1/tasks/{task}/artifacts").json()}
         assert ("checkpoint.tar.gz", 1) in kinds and ("out/final.txt", 2) in kinds
-    finally:
-        metadata.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from autoscaler.policy.bundle import load_bundle
 from autoscaler.policy.cases import mismatches
 from autoscaler.policy.problems import PolicyError
 from tests.conftest import REPO, free_port
+from tests.local_up import local_up
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -33,35 +33,9 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_policy_show_names_the_policy_in_force(tmp_path: Path) -> None:
-    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
-    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
-    port = free_port()
-    cfg["server"]["port"] = port
-    cfg["reconcile"]["interval_s"] = 600  # no cycle needed
-    config = tmp_path / "autoscaler.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    home = tmp_path / "home"
-    log = tmp_path / "up.log"
-    env = {"AUTOSCALER_HOME": str(home), "AUTOSCALER_SERVER": f"http://127.0.0.1:{port}"}
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler", "up", "-c", str(config)],
-            env={**os.environ, **env},
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            raise AssertionError(log.read_text())
+    with local_up(tmp_path, reconcile={"interval_s": 600}) as up:  # no cycle needed
+        home, log = up.home, up.log
+        env = {"AUTOSCALER_HOME": str(home), "AUTOSCALER_SERVER": up.base}
         shown = _cli("policy", "show", env=env)  # the admin token from HOME
         assert shown.returncode == 0, shown.stderr + log.read_text()[-2000:]
         text = shown.stdout
@@ -73,18 +47,9 @@ def test_policy_show_names_the_policy_in_force(tmp_path: Path) -> None:
         assert status["directory"].endswith("policies") and "budgets.rego" in status["modules"]
 
         admin = {"Authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-        made = httpx.post(
-            f"http://127.0.0.1:{port}/api/v1/tokens", json={"kind": "team", "team": "vision"}, headers=admin
-        )
+        made = httpx.post(f"{up.base}/api/v1/tokens", json={"kind": "team", "team": "vision"}, headers=admin)
         team = _cli("policy", "show", "--json", env={**env, "AUTOSCALER_TOKEN": made.json()["token"]})
         assert team.returncode == 0 and json.loads(team.stdout)["data"] is None  # budgets are FinOps'
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def test_policy_show_against_a_server_without_the_policy_service(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def test_an_unknown_proximity_group_is_a_config_error_and_leaves_nothing(azure_f
 def test_no_capacity_for_one_vm_deletes_the_others(azure_fake: AzureArmFake, failing: int) -> None:
     azure = make_provider(azure_fake)
     azure_fake.fail_create("AllocationFailed", "Allocation failed.", after=failing, leave_behind=True)
-    with pytest.raises(CapacityError, match=rf"{failing} of 3 Standard_NC4as_T4_v3 VMs created.*deleted them") as err:
+    with pytest.raises(CapacityError, match=rf"{failing} of 3 Standard_NC4as_T4_v3 VMs started.*deleted them") as err:
         azure.launch(gang("req-az-nocap", 3))
     assert err.value.scope is Scope.OFFERING
     azure.list("test")  # the fake finishes deletions at the next listing

@@ -11,18 +11,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from providers.base import TAG_GANG
-from tests.conftest import REPO, free_port
+from tests.local_up import local_up
+from tests.local_up import until as _until
 
 # Each rank prints when it started and its variables, then meets the others at
 # MASTER_ADDR:MASTER_PORT (rank 0 listens, the others connect and send their rank).
@@ -67,16 +64,6 @@ while not os.path.exists(e["GANG_GO"]):
 """
 
 
-def _until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; server log:\n{log.read_text()[-6000:]}")
-
-
 def _lines(api: httpx.Client, task_id: str, rank: int) -> list[tuple[int, str]]:
     chunks = api.get(f"/api/v1/tasks/{task_id}/logs", params={"rank": rank}).json()
     return [(c["attempt"], line) for c in chunks for line in c["data"].splitlines()]
@@ -92,43 +79,12 @@ def _starts(api: httpx.Client, task_id: str, attempt: int) -> list[float]:
 
 
 def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> None:
-    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
-    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
-    port = free_port()
-    cfg["server"]["port"] = port
-    cfg["reconcile"]["interval_s"] = 2
-    cfg["reconcile"]["heartbeat_timeout_s"] = 20
-    config_path = tmp_path / "autoscaler.yaml"
-    config_path.write_text(yaml.safe_dump(cfg))
-    log = tmp_path / "up.log"
-    home = tmp_path / "home"
-    env = {**os.environ, "AUTOSCALER_HOME": str(home)}
-    env.pop("AUTOSCALER_CONFIG", None)
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     script.chmod(0o644)
     tmp_path.chmod(0o755)  # tasks may run as another user: they read the script
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _until("the server", healthy, 30, log)
-        token = (home / "admin.token").read_text().strip()
-        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    with local_up(tmp_path, reconcile={"interval_s": 2, "heartbeat_timeout_s": 20}, stop_timeout_s=15) as up:
+        api, home, log = up.api, up.home, up.log
 
         def submit(go: Path) -> str:
             reply = api.post(
@@ -220,10 +176,3 @@ def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> No
         starts = _starts(api, second, 2)
         assert len(starts) == 2 and abs(starts[0] - starts[1]) < 1.0, starts
         print(f"second gang, attempt 2: rank start skew {abs(starts[0] - starts[1]) * 1000:.0f} ms")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

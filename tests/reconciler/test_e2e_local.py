@@ -7,63 +7,22 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from tests.conftest import REPO, free_port
-
-
-def _until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; server log:\n{log.read_text()[-4000:]}")
+from tests.local_up import local_up, until
 
 
 def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) -> None:
-    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
-    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
-    port = free_port()
-    cfg["server"]["port"] = port
-    for pool in cfg["pools"]:
-        pool["idle_timeout_s"] = 3  # the example's 60 s, shortened for the test
-    cfg["reconcile"]["interval_s"] = 2
-    config_path = tmp_path / "autoscaler.yaml"
-    config_path.write_text(yaml.safe_dump(cfg))
-    log = tmp_path / "up.log"
-    env = {**os.environ, "AUTOSCALER_HOME": str(tmp_path / "home")}
-    env.pop("AUTOSCALER_CONFIG", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _until("the server", healthy, 30, log)
-        token = (tmp_path / "home" / "admin.token").read_text().strip()
-        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    # The example's idle timeout (60 s), shortened for the test.
+    with local_up(tmp_path, reconcile={"interval_s": 2}, idle_timeout_s=3) as up:
+        api, log = up.api, up.log
         task = api.post(
             "/api/v1/tasks",
             json={
@@ -78,13 +37,13 @@ def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) ->
             state = api.get(f"/api/v1/tasks/{task['id']}").json()["state"]
             return state if state in ("succeeded", "failed", "canceled") else None
 
-        assert _until("the task to finish", task_state, 40, log) == "succeeded"
+        assert until("the task to finish", task_state, 40, log) == "succeeded"
 
         def terminated() -> list[dict[str, Any]] | None:
             rows = api.get("/api/v1/instances", params={"include_terminated": True}).json()
             return rows if rows and all(r["state"] == "terminated" for r in rows) else None
 
-        (inst,) = _until("the idle instance to be terminated", terminated, 40, log)
+        (inst,) = until("the idle instance to be terminated", terminated, 40, log)
         assert (inst["pool"], inst["team"], inst["provider"]) == ("local-gpu", "vision", "local")
         reasons = [
             line for row in api.get("/api/v1/decisions", params={"limit": 200}).json() for line in row["reasons"]
@@ -105,13 +64,6 @@ def test_enqueue_launch_run_drain_terminate_on_local_provider(tmp_path: Path) ->
         assert any("draining within" in ln and "idle for" in ln for ln in lines), story
         assert any(f"instance {iid}" in ln and "terminating -> terminated" in ln for ln in lines), story
         assert all(len(ln) < 400 for ln in lines), story  # concise
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -122,53 +74,34 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_on_up_stops_every_local_agent_it_started(tmp_path: Path) -> None:
-    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
-    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
-    port = free_port()
-    cfg["server"]["port"] = port
-    cfg["reconcile"]["interval_s"] = 2
-    config_path = tmp_path / "autoscaler.yaml"
-    config_path.write_text(yaml.safe_dump(cfg))
-    log = tmp_path / "up.log"
-    home = tmp_path / "home"
-    env = {**os.environ, "AUTOSCALER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    env.pop("AUTOSCALER_CONFIG", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
-    base = f"http://127.0.0.1:{port}"
-    pids: list[int] = []
+@contextmanager
+def _killed_at_exit(pids: list[int]) -> Iterator[None]:
+    """An agent or task `up` failed to stop is this test's to end, pass or fail."""
     try:
+        yield
+    finally:
+        for p in pids:
+            if _pid_alive(p):
+                os.kill(p, signal.SIGKILL)
 
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
 
-        _until("the server", healthy, 30, log)
-        token = (home / "admin.token").read_text().strip()
-        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+def test_ctrl_c_on_up_stops_every_local_agent_it_started(tmp_path: Path) -> None:
+    pids: list[int] = []
+    with local_up(tmp_path, reconcile={"interval_s": 2}) as up, _killed_at_exit(pids):
+        api, home, log, proc = up.api, up.home, up.log, up.proc
         script = "import os, time\nprint('task pid', os.getpid(), flush=True)\ntime.sleep(600)"
         task = api.post(
             "/api/v1/tasks",
             json={"queue": "gpu", "gpus": 1, "team": "vision", "command": [sys.executable, "-c", script]},
         ).json()
-        _until("the task to run", lambda: api.get(f"/api/v1/tasks/{task['id']}").json()["state"] == "running", 40, log)
+        until("the task to run", lambda: api.get(f"/api/v1/tasks/{task['id']}").json()["state"] == "running", 40, log)
 
         def task_pid() -> int | None:
             chunks = api.get(f"/api/v1/tasks/{task['id']}/logs").json()
             text = "".join(c["data"] for c in chunks)
             return int(text.split("task pid", 1)[1].split()[0]) if "task pid" in text else None
 
-        pids.append(_until("the task's pid", task_pid, 20, log))
+        pids.append(until("the task's pid", task_pid, 20, log))
         records = [yaml.safe_load(p.read_text()) for p in (home / "local-instances").glob("*/instance.json")]
         pids += [r["pid"] for r in records if r.get("pid")]
         assert len(pids) == 2 and all(_pid_alive(p) for p in pids)
@@ -183,10 +116,3 @@ def test_ctrl_c_on_up_stops_every_local_agent_it_started(tmp_path: Path) -> None
         assert not [p for p in pids if _pid_alive(p)], "agent or task left running"
         (agent_log,) = (home / "local-instances").glob("*/agent.log")
         assert "deregistered" in agent_log.read_text()  # it said goodbye while the API answered
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for p in pids:
-            if _pid_alive(p):
-                os.kill(p, signal.SIGKILL)

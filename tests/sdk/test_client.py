@@ -25,7 +25,7 @@ from autoscaler.sdk import (
     SnapshotCode,
     WaitTimeout,
 )
-from autoscaler.sdk.body import task_body
+from autoscaler.sdk.body import REMOTE_OPTION_NAMES, TASK_OPTION_NAMES, task_body
 from autoscaler.state.db import transaction
 from autoscaler.state.models import TaskLog
 from tests.conftest import LiveServer, free_port, issue_token
@@ -102,6 +102,21 @@ def test_an_invalid_field_is_rejected_naming_the_field(client: Client) -> None:
 def test_a_string_command_is_refused_before_any_request(client: Client) -> None:
     with pytest.raises(SdkError, match=r"\['python', 'train.py'\]"):
         client.submit("python train.py", queue="gpu")  # type: ignore[arg-type]
+
+
+def test_a_misspelt_option_is_refused_naming_it_and_the_options(client: Client) -> None:
+    """A script nobody type-checks gets what mypy would have said, before any request."""
+    with pytest.raises(SdkError) as caught:
+        client.submit(["true"], queue="gpu", gpu=1)  # type: ignore[call-arg]
+    assert "unknown task option 'gpu'" in caught.value.message and "gpus" in caught.value.message
+    assert client.tasks() == []
+
+
+def test_the_options_are_one_definition_shared_by_submit_the_cli_and_run_remotely() -> None:
+    """run_remotely takes every option of submit but the two it sets itself."""
+    assert {"working_dir", "code"} == TASK_OPTION_NAMES - REMOTE_OPTION_NAMES
+    assert {"checkpoints", "expected_runtime_s", "nodes", "secret_env"} <= REMOTE_OPTION_NAMES
+    assert set(task_body(["true"], queue="gpu")) - {"queue", "command"} <= TASK_OPTION_NAMES
 
 
 def test_a_wrong_token_and_a_team_token_out_of_its_team_are_auth_errors(live_server: LiveServer) -> None:

@@ -117,6 +117,8 @@ def test_errors_on_the_submitting_side_are_one_line_and_exit_1(harness: AgentHar
     bad_queue = write_script(tmp_path / "other", extra=", priority=5000")
     refused = submit_side(harness, bad_queue)
     assert refused.returncode == 1 and refused.stderr.startswith("error: 422: invalid request: body.priority")
+    misspelt = submit_side(harness, write_script(tmp_path / "third", extra=", gpu_count=1"))
+    assert misspelt.returncode == 1 and misspelt.stderr.startswith("error: unknown task option 'gpu_count'")
     inline = subprocess.run(
         [PY, "-c", "from autoscaler.sdk import run_remotely; run_remotely(queue='gpu')"],
         capture_output=True,

@@ -1,22 +1,16 @@
-"""The pipeline `plan()` decides exactly what the one-function `plan()` did.
-
-`plan_before.py` is the function as it was before the split; both run on random
-snapshots that reach every step: dead, stuck and booting instances, idle and busy
-workers, static pools, quotas, drained teams, tiers and weights, pool minimums and a
-failed policy. Any difference in launches, drains, terminations, holds, notes or order
-is a failure.
-"""
+"""Random planner snapshots that reach every step of `plan()`: dead, stuck and booting
+instances, idle and busy workers, static pools, quotas, drained teams, tiers and
+weights, pool minimums and a failed policy. The differential tests draw from it;
+`test_grouping_differential.py` checks it keeps reaching every step."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.planner import PlanInput, QueueView, WorkerView, plan
+from autoscaler.planner import PlanInput, QueueView, WorkerView
 from autoscaler.policy.schema import Decision, PoolDecision, TeamDecision
-from tests.planner import plan_before
 from tests.planner.builders import NOW, demand, instance, make_input, offering, pool
 
 TEAMS = ["vision", "nlp", "speech"]
@@ -144,64 +138,4 @@ def snapshots(draw: st.DrawFn) -> PlanInput:
         instances=tuple(instances),
         decision=dec,
         running_gpus=running,
-    )
-
-
-@settings(max_examples=400, deadline=None)
-@given(snapshots())
-def test_the_pipeline_plans_what_the_single_function_planned(inp: PlanInput) -> None:
-    assert plan(inp) == plan_before.plan(inp)
-
-
-def test_the_generator_reaches_every_step() -> None:
-    """The differential test above proves nothing about steps its snapshots never reach."""
-    reached: set[str] = set()
-
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(snapshots())
-    def probe(inp: PlanInput) -> None:
-        p = plan(inp)
-        reached.update(
-            name
-            for name, hit in (
-                ("launch", any(x.team != "shared" for x in p.launches)),
-                ("minimum", any(x.team == "shared" for x in p.launches)),
-                ("idle drain", any(d.only_if_idle for d in p.drains)),
-                ("budget drain", any(not d.only_if_idle for d in p.drains)),
-                ("terminate", bool(p.terminations)),
-                ("hold", bool(p.holds)),
-                ("quota hold", any(h.reason.startswith("quota") for h in p.holds)),
-                ("placed", p.placed_on_existing > 0),
-                ("fail safe", bool(p.notes)),
-                # Idle workers left undrained because of the pool's min: their order matters.
-                ("idle drain capped", 0 < sum(d.only_if_idle for d in p.drains) < _idle_candidates(inp)),
-            )
-            if hit
-        )
-
-    probe()
-    assert reached == {
-        "launch",
-        "minimum",
-        "idle drain",
-        "budget drain",
-        "terminate",
-        "hold",
-        "quota hold",
-        "placed",
-        "fail safe",
-        "idle drain capped",
-    }
-
-
-def _idle_candidates(inp: PlanInput) -> int:
-    pools = {p.name: p for p in inp.pools}
-    return sum(
-        1
-        for w in inp.workers
-        if w.state == "idle"
-        and w.pool in pools
-        and not pools[w.pool].static
-        and w.idle_since is not None
-        and (inp.now - w.idle_since).total_seconds() >= pools[w.pool].idle_timeout_s
     )

@@ -1,0 +1,109 @@
+"""`autoscaler up` as a real process on the example local config, for end-to-end tests.
+
+`local_up(tmp_path, ...)` writes `examples/local.yaml` with a free port and the
+reconcile settings a test asks for, starts `autoscaler up` in its own session with a
+home under `tmp_path`, waits for `/healthz` and yields a `LocalUp`: the process, its
+URL, home, log and an admin `httpx.Client`. On exit it sends SIGINT (what Ctrl-C
+sends) and kills the process group if it has not stopped in time; a test that stops
+the process itself is left alone. `until()` polls a probe and fails with the server
+log's tail, which is where the reason a wait ran out is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.conftest import REPO, free_port
+
+
+def until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> Any:
+    """The probe's first truthy value within `timeout_s`, polled every 0.25 s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; server log:\n{log.read_text()[-6000:]}")
+
+
+@dataclass
+class LocalUp:
+    proc: subprocess.Popen[bytes]
+    port: int
+    home: Path
+    log: Path
+    api: httpx.Client  # the admin token of `home`
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def local_up(
+    tmp_path: Path,
+    *,
+    reconcile: Mapping[str, Any],
+    idle_timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    stop_timeout_s: float = 20,
+) -> Iterator[LocalUp]:
+    """`reconcile`: keys set in the config's `reconcile:` (its `interval_s` at least: the
+    example's suits people, not tests). `idle_timeout_s`: every pool's, when given."""
+    cfg = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+    cfg["policy"]["data_dir"] = str(REPO / "examples" / "policy-data")  # relative to the example, not to this copy
+    port = free_port()
+    cfg["server"]["port"] = port
+    cfg["reconcile"].update(reconcile)
+    if idle_timeout_s is not None:
+        for pool in cfg["pools"]:
+            pool["idle_timeout_s"] = idle_timeout_s
+    config_path = tmp_path / "autoscaler.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "up.log"
+    home = tmp_path / "home"
+    environ = {**os.environ, "AUTOSCALER_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
+    environ.pop("AUTOSCALER_CONFIG", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler", "up", "-c", str(config_path)],
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        until("the server", lambda: _healthy(base), 60, log)
+        token = (home / "admin.token").read_text().strip()
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10) as api:
+            yield LocalUp(proc, port, home, log, api)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
