@@ -12,6 +12,7 @@ table, and writes the report (json, md, PNGs) under --out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import sys
@@ -81,9 +82,23 @@ def main() -> None:
 
     if args.spot_only:
         args.policy = spot_only_policy(Path(tempfile.mkdtemp(prefix="spot-only-")))
+    # Collections during the run, timed (the full ones walk the whole tracked heap).
+    gc_s = {0: 0.0, 1: 0.0, 2: 0.0}
+    gc_n = {0: 0, 1: 0, 2: 0}
+    gc_t = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_t[0] = time.perf_counter()
+        else:
+            gc_s[info["generation"]] += time.perf_counter() - gc_t[0]
+            gc_n[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
     checkpoint_s = None if args.checkpoint_every is None else args.checkpoint_every * 60.0
     settings = SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate, checkpoint_every_s=checkpoint_s)
     outcome = run_simulation(wl, cfg, policy_dir=args.policy, settings=settings, progress=progress)
+    gc.callbacks.remove(on_gc)
     t1 = time.perf_counter()
     rep = sim_report.build(outcome, args.policy)
     report_s = time.perf_counter() - t1
@@ -98,6 +113,8 @@ def main() -> None:
                 "ms_per_cycle": round(1000 * outcome.wall_s / max(len(outcome.cycles), 1), 1),
                 "virtual_days": round(outcome.end_s / 86400, 2),
                 "report_and_baselines_s": round(report_s, 2),
+                "gc_collections": [gc_n[g] for g in range(3)],
+                "gc_s": [round(gc_s[g], 2) for g in range(3)],
             }
         )
     )

@@ -27,9 +27,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol, cast
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Table, bindparam, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from autoscaler.config import AutoscalerConfig
@@ -54,9 +54,13 @@ def shared_pools(config: AutoscalerConfig) -> frozenset[str]:
 
 def unused_team(inst: Instance, shared: Collection[str]) -> str:
     """Who pays for a machine's free capacity."""
-    if inst.team is None or inst.pool in shared:
+    return _unused_team_of(inst.team, inst.pool, shared)
+
+
+def _unused_team_of(team: str | None, pool: str, shared: Collection[str]) -> str:
+    if team is None or pool in shared:
         return SHARED_TEAM
-    return inst.team
+    return team
 
 
 # ---------------------------------------------------------------------- splitting
@@ -119,14 +123,27 @@ def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
         yield list(items[i : i + _CHUNK])
 
 
-def _resolve(session: Session, attempts: Sequence[TaskAttempt]) -> dict[int, str | None]:
+class _AttemptRef(Protocol):
+    """What `_resolve` reads of an attempt (an entity or a column row)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def worker_id(self) -> str | None: ...
+
+
+def _resolve(session: Session, attempts: Sequence[_AttemptRef]) -> dict[int, str | None]:
     """attempt row id -> the instance its worker runs on, for attempts whose worker was
     not linked when they opened (three batched queries, whatever their number). Reads
     only: the caller decides whether to write the answer."""
     wids = sorted({a.worker_id for a in attempts if a.worker_id})
     if not wids:
         return {}
-    workers = {w.id: w for ch in _chunks(wids) for w in session.scalars(select(Worker).where(Worker.id.in_(ch)))}
+    workers = {
+        w.id: w
+        for ch in _chunks(wids)
+        for w in session.execute(select(Worker.id, Worker.pool, Worker.instance_id).where(Worker.id.in_(ch)))
+    }
     by_worker: dict[str, str] = {}
     for ch in _chunks(wids):
         for iid, wid in session.execute(select(Instance.id, Instance.worker_id).where(Instance.worker_id.in_(ch))):
@@ -151,29 +168,94 @@ def _resolve(session: Session, attempts: Sequence[TaskAttempt]) -> dict[int, str
     return out
 
 
-def _group(
-    session: Session, instance_ids: Sequence[str], conditions: Sequence[Any], *, write: bool
-) -> dict[str, list[TaskAttempt]]:
-    """Attempts matching `conditions` on these instances, by instance id; attempts not
-    yet linked to an instance are resolved (and, with `write`, linked for good)."""
-    loose = list(session.scalars(select(TaskAttempt).where(TaskAttempt.instance_id.is_(None), *conditions)))
-    resolved = _resolve(session, loose) if loose else {}
-    out: dict[str, list[TaskAttempt]] = defaultdict(list)
+@dataclass
+class _Held:
+    """An attempt as `accrue` reads and extends it (a column row, not an entity)."""
+
+    id: int
+    team: str
+    gpus: int
+    started_at: datetime
+    ended_at: datetime | None
+    cost_usd: float
+    gpu_hours: float
+    link: str | None = None  # the instance a loose attempt was resolved to, to record
+    changed: bool = False
+
+
+@dataclass
+class _Segment:
+    """A spend record as `accrue` extends it; `id` None until it is inserted."""
+
+    id: int | None
+    end: datetime
+    hours: float
+    gpu_hours: float
+    cost_usd: float
+    changed: bool = False
+
+
+_HELD_COLUMNS = (
+    TaskAttempt.id,
+    TaskAttempt.team,
+    TaskAttempt.gpus,
+    TaskAttempt.started_at,
+    TaskAttempt.ended_at,
+    TaskAttempt.cost_usd,
+    TaskAttempt.gpu_hours,
+)
+
+
+def _held(session: Session, instance_ids: Sequence[str], conditions: Sequence[Any]) -> dict[str, list[_Held]]:
+    """Attempts matching `conditions` on these instances, by instance id (linked ones by
+    attempt id, then the loose ones resolved to one of them: attempts not yet linked
+    to an instance are resolved here, and linked for good); a loose attempt carries
+    the instance it is linked to (`link`)."""
+    loose_rows = session.execute(
+        select(*_HELD_COLUMNS, TaskAttempt.worker_id)
+        .where(TaskAttempt.instance_id.is_(None), *conditions)
+        .order_by(TaskAttempt.id)
+    ).all()
+    resolved = _resolve(session, loose_rows) if loose_rows else {}
+    out: dict[str, list[_Held]] = defaultdict(list)
     for ch in _chunks(instance_ids):
-        stmt = select(TaskAttempt).where(TaskAttempt.instance_id.in_(ch), *conditions).order_by(TaskAttempt.id)
-        for a in session.scalars(stmt):
-            assert a.instance_id is not None
-            out[a.instance_id].append(a)
+        stmt = (
+            select(TaskAttempt.instance_id, *_HELD_COLUMNS)
+            .where(TaskAttempt.instance_id.in_(ch), *conditions)
+            .order_by(TaskAttempt.id)
+        )
+        for r in session.execute(stmt):
+            out[str(r.instance_id)].append(
+                _Held(r.id, r.team, r.gpus, r.started_at, r.ended_at, r.cost_usd, r.gpu_hours)
+            )
     wanted = set(instance_ids)
-    for a in loose:
-        iid = resolved.get(a.id)
+    for row in loose_rows:
+        iid = resolved.get(row.id)
         if iid is None:
             continue
-        if write:
-            a.instance_id = iid
+        held = _Held(row.id, row.team, row.gpus, row.started_at, row.ended_at, row.cost_usd, row.gpu_hours, iid, True)
         if iid in wanted:
-            out[iid].append(a)
+            out[iid].append(held)
+        else:
+            _write_attempts(session, [held])  # linked for good, as the entity path did
     return out
+
+
+def _write_attempts(session: Session, rows: Iterable[_Held]) -> None:
+    """Store what `accrue` changed on attempts, one executemany per kind of change."""
+    changed = [a for a in rows if a.changed]
+    costs = [{"b_id": a.id, "b_cost": a.cost_usd, "b_gpu_h": a.gpu_hours} for a in changed]
+    links = [{"b_id": a.id, "b_iid": a.link} for a in changed if a.link is not None]
+    t = cast(Table, TaskAttempt.__table__)
+    if links:
+        session.execute(t.update().where(t.c.id == bindparam("b_id")).values(instance_id=bindparam("b_iid")), links)
+    if costs:
+        session.execute(
+            t.update()
+            .where(t.c.id == bindparam("b_id"))
+            .values(cost_usd=bindparam("b_cost"), gpu_hours=bindparam("b_gpu_h")),
+            costs,
+        )
 
 
 def accrue(session: Session, *, now: datetime, since: datetime | None = None, shared: Collection[str] = ()) -> int:
@@ -186,16 +268,31 @@ def accrue(session: Session, *, now: datetime, since: datetime | None = None, sh
     month, so an instance that ended just before a month boundary while nothing accrued
     is still charged. `shared`: pools whose unused capacity goes to "shared". Returns
     the number of segments written or extended.
+
+    It runs every cycle over the live fleet, so it reads column rows and writes with
+    one executemany per table (no entities, no identity map): the arithmetic, and the
+    order of the rows it inserts, are those of the entity version it replaced. Loaded
+    attempt and spend entities in the caller's session are expired, so they re-read.
     """
     cutoff = since or month_bounds(month_bounds(now)[0] - timedelta(seconds=1))[0]
-    instances = list(
-        session.scalars(
-            select(Instance).where(
-                Instance.launched_at.is_not(None),
-                or_(Instance.terminated_at.is_(None), Instance.terminated_at >= cutoff),
-            )
+    instances = session.execute(
+        select(
+            Instance.id,
+            Instance.gpus,
+            Instance.hourly_price,
+            Instance.team,
+            Instance.pool,
+            Instance.provider,
+            Instance.region,
+            Instance.instance_type,
+            Instance.capacity_type,
+            Instance.launched_at,
+            Instance.terminated_at,
+        ).where(
+            Instance.launched_at.is_not(None),
+            or_(Instance.terminated_at.is_(None), Instance.terminated_at >= cutoff),
         )
-    )
+    ).all()
     if not instances:
         return 0
     ids = [inst.id for inst in instances]
@@ -208,7 +305,7 @@ def accrue(session: Session, *, now: datetime, since: datetime | None = None, sh
         )
         for iid, end in session.execute(stmt):
             marks[iid] = end
-    windows: dict[str, tuple[Instance, datetime, datetime]] = {}
+    windows: dict[str, tuple[Any, datetime, datetime]] = {}
     for inst in instances:
         assert inst.launched_at is not None
         lo = max(marks.get(inst.id, inst.launched_at), inst.launched_at)
@@ -224,13 +321,25 @@ def accrue(session: Session, *, now: datetime, since: datetime | None = None, sh
         or_(TaskAttempt.ended_at.is_(None), TaskAttempt.ended_at > lo_all),
         TaskAttempt.started_at < hi_all,
     )
-    attempts = _group(session, todo, overlapping, write=True)
-    existing: dict[tuple[str, datetime, str, str], SpendRecord] = {}
+    attempts = _held(session, todo, overlapping)
+    existing: dict[tuple[str, datetime, str, str], _Segment] = {}
     first_month = month_bounds(lo_all)[0]
     for ch in _chunks(todo):
-        recs = select(SpendRecord).where(SpendRecord.instance_id.in_(ch), SpendRecord.start >= first_month)
-        for rec in session.scalars(recs):
-            existing[(rec.instance_id, month_bounds(rec.start)[0], rec.team, rec.kind)] = rec
+        recs = select(
+            SpendRecord.id,
+            SpendRecord.instance_id,
+            SpendRecord.start,
+            SpendRecord.team,
+            SpendRecord.kind,
+            SpendRecord.end,
+            SpendRecord.hours,
+            SpendRecord.gpu_hours,
+            SpendRecord.cost_usd,
+        ).where(SpendRecord.instance_id.in_(ch), SpendRecord.start >= first_month)
+        for rid, iid, rstart, rteam, rkind, rend, rhours, rgpu_h, rcost in session.execute(recs):
+            existing[(iid, month_bounds(rstart)[0], rteam, rkind)] = _Segment(rid, rend, rhours, rgpu_h, rcost)
+    inserts: list[dict[str, Any]] = []
+    new_segments: list[_Segment] = []
     written = 0
     for iid in todo:
         inst, lo, hi = windows[iid]
@@ -248,42 +357,75 @@ def accrue(session: Session, *, now: datetime, since: datetime | None = None, sh
                 usd = share.machine_hours * inst.hourly_price
                 a.cost_usd += usd
                 a.gpu_hours += share.gpu_hours
+                a.changed = True
                 line = lines[(a.team, USAGE)]
                 line[0] += share.machine_hours
                 line[1] += share.gpu_hours
             if unused.machine_hours > 0 or not lines:
-                line = lines[(unused_team(inst, shared), UNUSED)]
+                line = lines[(_unused_team_of(inst.team, inst.pool, shared), UNUSED)]
                 line[0] += unused.machine_hours
                 line[1] += unused.gpu_hours
             for (team, kind), (hours, gpu_hours) in lines.items():
                 key = (iid, month_start, team, kind)
                 found = existing.get(key)
                 if found is None:
-                    found = SpendRecord(
-                        instance_id=iid,
-                        team=team,
-                        pool=inst.pool,
-                        provider=inst.provider,
-                        region=inst.region,
-                        instance_type=inst.instance_type,
-                        capacity_type=inst.capacity_type,
-                        kind=kind,
-                        start=cur,
-                        end=seg_end,
-                        hourly_price=inst.hourly_price,
-                        cost_usd=0.0,
-                        hours=0.0,
-                        gpu_hours=0.0,
-                    )
-                    session.add(found)
+                    found = _Segment(None, seg_end, 0.0, 0.0, 0.0)
                     existing[key] = found
+                    new_segments.append(found)
+                    inserts.append(
+                        {
+                            "instance_id": iid,
+                            "team": team,
+                            "pool": inst.pool,
+                            "provider": inst.provider,
+                            "region": inst.region,
+                            "instance_type": inst.instance_type,
+                            "capacity_type": inst.capacity_type,
+                            "kind": kind,
+                            "start": cur,
+                            "hourly_price": inst.hourly_price,
+                        }
+                    )
                 found.hours += hours
                 found.gpu_hours += gpu_hours
                 found.cost_usd += hours * inst.hourly_price
                 found.end = max(found.end, seg_end)
+                found.changed = True
                 written += 1
             cur = seg_end
+    _write_attempts(session, (a for rows in attempts.values() for a in rows))
+    t = cast(Table, SpendRecord.__table__)
+    updates = [
+        {"b_id": r.id, "b_end": r.end, "b_hours": r.hours, "b_gpu_h": r.gpu_hours, "b_cost": r.cost_usd}
+        for r in existing.values()
+        if r.changed and r.id is not None
+    ]
+    if updates:
+        session.execute(
+            t.update()
+            .where(t.c.id == bindparam("b_id"))
+            .values(
+                end=bindparam("b_end"),
+                hours=bindparam("b_hours"),
+                gpu_hours=bindparam("b_gpu_h"),
+                cost_usd=bindparam("b_cost"),
+            ),
+            updates,
+        )
+    if inserts:
+        for values, seg in zip(inserts, new_segments, strict=True):
+            values.update(end=seg.end, hours=seg.hours, gpu_hours=seg.gpu_hours, cost_usd=seg.cost_usd)
+        # In the order the segments were made: ids (and so any scan's order) as before.
+        session.execute(insert(SpendRecord), inserts)
+    _expire_loaded(session)
     return written
+
+
+def _expire_loaded(session: Session) -> None:
+    """Attempts and spend records the caller's session holds re-read what accrue wrote."""
+    for obj in list(session.identity_map.values()):
+        if isinstance(obj, TaskAttempt | SpendRecord):
+            session.expire(obj)
 
 
 # ---------------------------------------------------------------------- reading
@@ -317,32 +459,60 @@ def burn_rate(session: Session, team: str | None = None, *, shared: Collection[s
     """USD/h billed right now, per team, under the same attribution as `accrue`: each
     live billed machine's price split by the GPUs its tasks hold now, the rest to the
     launching team (or "shared")."""
-    live = list(
-        session.scalars(
-            select(Instance).where(
-                Instance.state.in_(BILLED_STATES),
-                Instance.launched_at.is_not(None),
-                Instance.terminated_at.is_(None),
-            )
+    # Column rows, not entities: this runs every cycle over the whole live fleet and its
+    # open attempts, and only reads them (ORM loading was most of its time).
+    live = session.execute(
+        select(Instance.id, Instance.gpus, Instance.hourly_price, Instance.team, Instance.pool).where(
+            Instance.state.in_(BILLED_STATES),
+            Instance.launched_at.is_not(None),
+            Instance.terminated_at.is_(None),
         )
-    )
+    ).all()
     out: dict[str, float] = defaultdict(float)
     if live:
-        held = _group(session, [i.id for i in live], (TaskAttempt.ended_at.is_(None),), write=False)
+        held = _open_holds(session, [i.id for i in live])
         for inst in live:
             mine = held.get(inst.id, [])
             capacity = float(inst.gpus) if inst.gpus > 0 else 1.0
-            weights = [(a.team, _weight(inst.gpus, a.gpus)) for a in mine]
+            weights = [(t, _weight(inst.gpus, g)) for t, g in mine]
             total = sum(w for _, w in weights)
             denom = max(capacity, total)
             for t, w in weights:
                 out[t] += inst.hourly_price * w / denom
             free = max(0.0, 1.0 - total / capacity)
             if free > 0 or not weights:
-                out[unused_team(inst, shared)] += inst.hourly_price * free
+                out[_unused_team_of(inst.team, inst.pool, shared)] += inst.hourly_price * free
     if team:
         return {team: out.get(team, 0.0)}
     return dict(out)
+
+
+def _open_holds(session: Session, instance_ids: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
+    """(team, GPUs) of the attempts open now on these instances, by instance id, in the
+    order `_held` gives them (linked ones by attempt id, then the resolved loose ones):
+    the burn is summed in that order. Read only: a loose attempt is linked by `accrue`."""
+    open_now = TaskAttempt.ended_at.is_(None)
+    loose = session.execute(
+        select(TaskAttempt.id, TaskAttempt.worker_id, TaskAttempt.team, TaskAttempt.gpus)
+        .where(TaskAttempt.instance_id.is_(None), open_now)
+        .order_by(TaskAttempt.id)
+    ).all()
+    resolved = _resolve(session, loose) if loose else {}
+    out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for ch in _chunks(instance_ids):
+        stmt = (
+            select(TaskAttempt.instance_id, TaskAttempt.team, TaskAttempt.gpus)
+            .where(TaskAttempt.instance_id.in_(ch), open_now)
+            .order_by(TaskAttempt.id)
+        )
+        for iid, team, gpus in session.execute(stmt):
+            out[str(iid)].append((team, gpus))
+    wanted = set(instance_ids)
+    for a in loose:
+        found = resolved.get(a.id)
+        if found is not None and found in wanted:
+            out[found].append((a.team, a.gpus))
+    return out
 
 
 def forecast(month_to_date_usd: float, burn_usd_per_hour: float, now: datetime, period_end: datetime) -> float:

@@ -344,7 +344,20 @@ class Reconciler:
         """Passive transitions: read the open rows and live workers, decide
         (`sync.passive_sync`, pure), apply. Returns what to terminate (orphans, and
         instances we are still waiting to see gone)."""
-        open_rows = list(s.scalars(select(Instance).where(Instance.state.not_in(INSTANCE_FINAL))))
+        # Column rows for the decision (every open instance, every cycle); entities only
+        # for the few rows a change is applied to.
+        open_rows = s.execute(
+            select(
+                Instance.id,
+                Instance.pool,
+                Instance.request_id,
+                Instance.state,
+                Instance.provider_instance_id,
+                Instance.worker_id,
+                Instance.launched_at,
+                Instance.created_at,
+            ).where(Instance.state.not_in(INSTANCE_FINAL))
+        ).all()
         workers = {
             (str(pool), str(iid)): str(wid)
             for pool, iid, wid in s.execute(
@@ -371,7 +384,12 @@ class Reconciler:
         settings = sync.Settings(orphan_grace=timedelta(seconds=self.config.reconcile.orphan_grace_s))
         out = sync.passive_sync(rows, obs, now, settings, sync.Memory(self._missing_since, self._orphan_seen))
         self._missing_since, self._orphan_seen = dict(out.memory.missing_since), dict(out.memory.orphan_seen)
-        by_id = {i.id: i for i in open_rows}
+        changed = sorted({c.row_id for c in out.changes})
+        by_id = {
+            i.id: i
+            for k in range(0, len(changed), 500)
+            for i in s.scalars(select(Instance).where(Instance.id.in_(changed[k : k + 500])))
+        }
         for change in out.changes:
             inst = by_id[change.row_id]
             if isinstance(change, sync.Adopt):
