@@ -44,9 +44,12 @@ def derived_input(policy_input: PolicyInput) -> PolicyInput:
     backlog: dict[str, int] = {}
     peers: dict[str, set[str]] = {}
     for q in policy_input.queues:
+        depth = q.depth
+        served_static = [s for s in q.pools if s in idle_static]
         for name in q.pools:
-            backlog[name] = backlog.get(name, 0) + q.depth
-            peers.setdefault(name, set()).update(s for s in q.pools if s in idle_static and s != name)
+            backlog[name] = backlog.get(name, 0) + depth
+            if served_static:
+                peers.setdefault(name, set()).update(s for s in served_static if s != name)
     pools = [
         p.model_copy(
             update={
