@@ -285,6 +285,42 @@ def test_the_pool_order_is_what_counting_gave(engines, counted_order, raw, price
     assert decision["pool_order"] == counted_order.evaluate(input_document(policy_input))[0]
 
 
+SETTINGS_AGREE = """package oracle
+
+import data.autoscaler.priorities
+import rego.v1
+
+disagree contains name if {
+	some name in input.names
+	s := priorities.settings(name)
+	[s.tier, s.weight, s.capacity_types, s.quota] != [
+		priorities.tier(name), priorities.weight(name), priorities.capacity_types(name), priorities.quota(name),
+	]
+}
+"""
+
+
+@pytest.mark.parametrize("interpreter", ["regorus", "rego-cpp"])
+def test_a_teams_settings_are_what_the_per_attribute_functions_give(interpreter):
+    """decision.rego reads a team's tier, weight, capacity types and quota from one
+    `priorities.settings`; it must say what the functions the other rules use say."""
+    runtime = make_runtime(interpreter)
+    try:
+        runtime.load({**BUNDLE.modules, "oracle.rego": SETTINGS_AGREE}, BUNDLE.data, "oracle/disagree")
+        names = [*TEAMS, "", "team-without-data"]
+        assert runtime.evaluate({"names": names})[0] == []
+        # The oracle can fail: a team whose weight is read differently is reported.
+        broken = dict(BUNDLE.modules)
+        broken["priorities.rego"] = broken["priorities.rego"].replace(
+            '"weight": object.get(c, "weight",', '"weight": 1 + object.get(c, "weight",'
+        )
+        assert broken["priorities.rego"] != BUNDLE.modules["priorities.rego"]
+        runtime.load({**broken, "oracle.rego": SETTINGS_AGREE}, BUNDLE.data, "oracle/disagree")
+        assert sorted(runtime.evaluate({"names": names})[0]) == sorted(names)
+    finally:
+        runtime.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # rego-cpp takes 20-200 ms per input here; regorus under 2 ms
 @settings(DIFFERENTIAL, max_examples=5000)
