@@ -205,7 +205,8 @@ def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
     import regorus
 
     from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
-    from autoscaler.policy.engines import canonical_json, to_decision
+    from autoscaler.policy.engines import input_text, to_decision
+    from autoscaler.policy.input_fields import InputSelection
 
     big = big_input(teams, pools, queues)
     names = [t.name for t in big.teams]
@@ -214,18 +215,19 @@ def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
     for rel, source in sorted(bundle.modules.items()):
         engine.add_policy(rel, source)
     engine.add_data(bundle.data)
-    doc = input_document(big)
-    text = canonical_json(doc)
+    selection = InputSelection.for_policy(bundle.modules, bundle.data)
+    text = input_text(big, selection)
     engine.set_input_json(text)
     out = engine.eval_rule_as_json("data.autoscaler.decision")
+    print(f"input handed to the engine: {len(text)} bytes of JSON ({len(input_text(big))} with every field)")
     steps = {
-        "input_document (pydantic dump + joins)": lambda: input_document(big),
-        "canonical_json (one json.dumps)": lambda: canonical_json(doc),
+        "input_text (joins + one pydantic dump, trimmed)": lambda: input_text(big, selection),
         "regorus set_input_json": lambda: engine.set_input_json(text),
         "regorus evaluation of data.autoscaler.decision": lambda: engine.eval_rule_as_json("data.autoscaler.decision"),
         "json.loads + to_decision": lambda: to_decision(json.loads(out), names),
     }
-    for rule in ("teams", "priorities.quota_full", "priorities.borrowable", "budgets.status"):
+    rules = ("teams", "team_facts", "team_reasons", "warnings", "placement.pool_order", "priorities.quota_full")
+    for rule in (*rules, "priorities.borrowable", "budgets.status"):
         steps[f"  of which data.autoscaler.{rule}"] = lambda r=rule: engine.eval_rule_as_json(f"data.autoscaler.{r}")
     for name, step in steps.items():
         step()

@@ -52,16 +52,18 @@ team_facts := {
 team_decision(name, facts, reasons) := {
 	"may_scale_up": may_scale_up(name, facts),
 	"spend_headroom_per_hour": headroom(name, facts),
-	"allowed_capacity_types": priorities.capacity_types(name),
+	"allowed_capacity_types": s.capacity_types,
 	"allowed_pools": object.get(object.get(facts, "allowed_pools", {}), name, null),
-	"priority_tier": priorities.tier(name),
-	"priority_weight": priorities.weight(name),
+	"priority_tier": s.tier,
+	"priority_weight": s.weight,
 	"drain": object.get(object.get(facts, "drain", {}), name, null) != null,
 	"max_spot_price": placement.max_spot_price(name),
-	"nominal_gpus": priorities.nominal(name),
+	"nominal_gpus": object.get(s.quota, "nominal_gpus", null),
 	"borrowing_limit_gpus": object.get(object.get(facts, "borrowable", {}), name, null),
-	"lending_limit_gpus": object.get(priorities.quota(name), "lending_limit_gpus", null),
+	"lending_limit_gpus": object.get(s.quota, "lending_limit_gpus", null),
 	"reasons": reasons,
+} if {
+	s := priorities.settings(name)
 }
 
 may_scale_up(name, facts) := false if {

@@ -100,27 +100,16 @@ pool_reasons contains [name, msg] if {
 }
 
 # Pools in the order they should be used: on-prem first, then by cheapest price,
-# then by name. Ordered by counting the pools that come before each one, because
-# rego-cpp's sort() compares numbers as text.
-cheapest(p) := lib.min_of([v | some v in p.hourly_prices]) if {
-	count(p.hourly_prices) > 0
-} else := 0
-
-rank(p) := 0 if {
+# then by name. The service hands the pool names already ordered by cheapest hourly
+# price, then name (`input.pools_by_price`), so this rule only puts the on-prem
+# (static) pools before the cloud ones, keeping that order within each.
+onprem_pools contains p.name if {
+	some p in input.pools
 	p.kind == "static"
-} else := 1
+}
 
-# A pool comes after every pool of a lower rank, of the same rank and a lower price,
-# and of the same rank and price and an earlier name. The pools are few (tens), so
-# counting them is cheap; the three counts compare plain numbers and names.
-pool_order := [by_position[i] | some i in numbers.range(0, count(keys) - 1)] if {
-	keys := [{"rank": rank(p), "price": cheapest(p), "name": p.name} | some p in input.pools]
-	count(keys) > 0
-	by_position := {position: k.name |
-		some k in keys
-		lower_rank := count([o | some o in keys; o.rank < k.rank])
-		cheaper := count([o | some o in keys; o.rank == k.rank; o.price < k.price])
-		same_price_earlier_name := count([o | some o in keys; o.rank == k.rank; o.price == k.price; o.name < k.name])
-		position := (lower_rank + cheaper) + same_price_earlier_name
-	}
-} else := []
+pool_order := array.concat(first, rest) if {
+	onprem := onprem_pools
+	first := [name | some name in input.pools_by_price; onprem[name]]
+	rest := [name | some name in input.pools_by_price; not onprem[name]]
+}

@@ -33,6 +33,24 @@ capacity_types(name) := ["spot"] if {
 
 quota(name) := object.get(conf(name), "quota", {})
 
+# A team's answer from the data in one object: tier, weight, capacity types and quota
+# resolved with one look-up of its settings (decision.rego reads this per team).
+settings(name) := {
+	"tier": object.get(object.get(tiers, tn, {}), "tier", 0),
+	"weight": object.get(c, "weight", object.get(object.get(tiers, tn, {}), "weight", 1)),
+	"capacity_types": capacity_types_of(object.get(c, "capacity", "any")),
+	"quota": object.get(c, "quota", {}),
+} if {
+	c := conf(name)
+	tn := object.get(c, "tier", object.get(default_conf, "tier", ""))
+}
+
+capacity_types_of(capacity) := ["spot"] if {
+	capacity == "spot_only"
+} else := ["on_demand"] if {
+	capacity == "on_demand_only"
+} else := ["spot", "on_demand"]
+
 nominal(name) := object.get(quota(name), "nominal_gpus", null)
 
 # Running GPUs per team in the input.

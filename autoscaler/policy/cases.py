@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autoscaler.policy.bundle import PolicyBundle, TestCase
-from autoscaler.policy.engines import EmbeddedEngine, billing_period, input_document, to_decision
+from autoscaler.policy.engines import EmbeddedEngine, billing_period, to_decision
 from autoscaler.policy.isolation import EngineUnavailable
 from autoscaler.policy.lint import lint
 from autoscaler.policy.problems import PolicyError, Problem
@@ -148,9 +148,10 @@ def run_case(engine: EmbeddedEngine, case: TestCase) -> CaseResult:
         policy_input = complete_input(case.input)
     except PolicyError as exc:
         return CaseResult(case, [exc.message])
-    doc = input_document(policy_input)
+    # Through the path evaluations take: the fields the policy can read, as text.
+    text = engine.input_text(policy_input)
     try:
-        value = engine.raw(doc)
+        value = engine.raw_text(text)
         decision = to_decision(value, [t.name for t in policy_input.teams])
     except RegoFailure as exc:
         return CaseResult(case, [str(p) for p in exc.problems])

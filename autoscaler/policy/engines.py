@@ -12,7 +12,6 @@ the result so the reconciler records it.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from autoscaler.ledger.period import hours_between, month_bounds
 from autoscaler.policy.bundle import PolicyBundle, entrypoint
+from autoscaler.policy.input_fields import InputSelection
 from autoscaler.policy.interpreters import DEFAULT_INTERPRETER, Runtime, make_runtime
 from autoscaler.policy.isolation import EngineUnavailable, IsolatedRego
 from autoscaler.policy.problems import Problem
@@ -29,38 +29,56 @@ from autoscaler.policy.rego import RegoFailure
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyInput
 
 
-def input_document(policy_input: PolicyInput) -> dict[str, Any]:
-    """The JSON document a policy sees (datetimes as RFC 3339 strings), with derived pool facts.
+def derived_input(policy_input: PolicyInput) -> PolicyInput:
+    """The input with the facts the service derives for the policies.
 
-    Joins of queues and pools are done here, in linear time, because rego-cpp
-    re-evaluates rules inside loops: the same join written in Rego took tens of
-    seconds for 50 pools x 1,000 queues (see docs/benchmarks.md).
+    Per pool, `backlog` (tasks queued in the queues it serves) and `onprem_idle_peers`
+    (idle on-prem machines serving one of those queues); `pools_by_price`, the pool
+    names by cheapest hourly price, then name. These joins and orders are done here, in
+    linear time (one sort), rather than in Rego: rego-cpp re-evaluates rules inside
+    loops (the joins took tens of seconds for 50 pools x 1,000 queues) and compares
+    numbers as text in `sort()`, so ordering the pools in Rego took counting
+    (docs/benchmarks.md).
     """
-    doc: dict[str, Any] = policy_input.model_dump(mode="json")
     idle_static = {p.name: p.idle_instances for p in policy_input.pools if p.kind == "static"}
     backlog: dict[str, int] = {}
     peers: dict[str, set[str]] = {}
     for q in policy_input.queues:
+        depth = q.depth
+        served_static = [s for s in q.pools if s in idle_static]
         for name in q.pools:
-            backlog[name] = backlog.get(name, 0) + q.depth
-            peers.setdefault(name, set()).update(s for s in q.pools if s in idle_static and s != name)
-    for pool in doc["pools"]:
-        pool["backlog"] = backlog.get(pool["name"], 0)
-        pool["onprem_idle_peers"] = sum(idle_static[s] for s in peers.get(pool["name"], ()))
+            backlog[name] = backlog.get(name, 0) + depth
+            if served_static:
+                peers.setdefault(name, set()).update(s for s in served_static if s != name)
+    pools = [
+        p.model_copy(
+            update={
+                "backlog": backlog.get(p.name, 0),
+                "onprem_idle_peers": sum(idle_static[s] for s in peers.get(p.name, ())),
+            }
+        )
+        for p in policy_input.pools
+    ]
+    by_price = sorted(policy_input.pools, key=lambda p: (min(p.hourly_prices.values(), default=0), p.name))
+    return policy_input.model_copy(update={"pools": pools, "pools_by_price": [p.name for p in by_price]})
+
+
+def input_document(policy_input: PolicyInput) -> dict[str, Any]:
+    """The whole JSON document a policy may see (datetimes as RFC 3339 strings), derived facts included."""
+    doc: dict[str, Any] = derived_input(policy_input).model_dump(mode="json")
     return doc
 
 
-def canonical_json(doc: dict[str, Any]) -> str:
-    """The input as the digest hashes it; the embedded engine is handed this same text."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+def input_text(policy_input: PolicyInput, selection: InputSelection | None = None) -> str:
+    """The document the engine is handed, as JSON text: only the fields `selection`
+    keeps (input_fields.py), written in one pass by pydantic's serialiser (about ten
+    times faster than dumping to Python objects and encoding those)."""
+    exclude = selection.exclude if selection is not None else None
+    return derived_input(policy_input).model_dump_json(exclude=exclude)
 
 
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def input_digest(doc: dict[str, Any]) -> str:
-    return text_digest(canonical_json(doc))
 
 
 def billing_period(now: datetime) -> tuple[datetime, datetime, float]:
@@ -116,6 +134,9 @@ class EmbeddedEngine:
             IsolatedRego(timeout_s, interpreter) if isolate else make_runtime(interpreter)
         )
         self._entrypoint = entrypoint(package)
+        # Which input fields the loaded policy can read; follows the data loaded with
+        # it (a test case's data may name other fields).
+        self.selection = InputSelection.for_policy(bundle.modules, bundle.data)
 
     @property
     def revision(self) -> str:
@@ -123,17 +144,12 @@ class EmbeddedEngine:
 
     def compile(self) -> list[Problem]:
         """Load the bundle into the engine; returns problems instead of raising."""
-        try:
-            self.backend.load(self.bundle.modules, self.bundle.data, self._entrypoint)
-        except RegoFailure as exc:
-            return exc.problems
-        except EngineUnavailable as exc:
-            return [Problem("(engine)", None, str(exc))]
-        return []
+        return self.load_data(self.bundle.data)
 
     def load_data(self, data: dict[str, Any]) -> list[Problem]:
         """Load the bundle's rules with other data (a test case's); `compile()` puts the
         bundle's own data back."""
+        self.selection = InputSelection.for_policy(self.bundle.modules, data)
         try:
             self.backend.load(self.bundle.modules, data, self._entrypoint)
         except RegoFailure as exc:
@@ -142,15 +158,23 @@ class EmbeddedEngine:
             return [Problem("(engine)", None, str(exc))]
         return []
 
+    def input_text(self, policy_input: PolicyInput) -> str:
+        """The input as this engine is handed it: the fields the loaded policy can read."""
+        return input_text(policy_input, self.selection)
+
+    def raw_text(self, text: str) -> Any:
+        """`raw` for an input already serialised (raises RegoFailure/EngineUnavailable)."""
+        value, _ = self.backend.evaluate_text(text)
+        return value
+
     def raw(self, doc: dict[str, Any]) -> Any:
         """The decision document as the policy wrote it (raises RegoFailure/EngineUnavailable)."""
         value, _ = self.backend.evaluate(doc)
         return value
 
     def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
-        # One serialisation serves the digest and the engine (it was a tenth of the
-        # evaluation on the large bench input to encode it twice).
-        text = canonical_json(input_document(policy_input))
+        # One serialisation serves the digest and the engine.
+        text = self.input_text(policy_input)
         digest = text_digest(text)
         names = [t.name for t in policy_input.teams]
         started = time.perf_counter()
@@ -195,10 +219,16 @@ class OpaEngine:
     def revision(self) -> str:
         return self._revision
 
-    def _call(self, doc: dict[str, Any]) -> tuple[Any, str | None]:
+    def _call(self, text: str) -> tuple[Any, str | None]:
         path = f"{self.url}/v1/data/{entrypoint(self.package)}"
         try:
-            resp = self._client.post(path, json={"input": doc}, params={"provenance": "true"}, timeout=self.timeout_s)
+            resp = self._client.post(
+                path,
+                content='{"input":' + text + "}",
+                headers={"Content-Type": "application/json"},
+                params={"provenance": "true"},
+                timeout=self.timeout_s,
+            )
         except httpx.TimeoutException:
             raise ValueError(f"OPA at {self.url} did not answer within {self.timeout_s:g} s") from None
         except httpx.HTTPError as exc:
@@ -226,13 +256,14 @@ class OpaEngine:
         return body["result"], body.get("decision_id")
 
     def evaluate(self, policy_input: PolicyInput) -> EvaluationResult:
-        doc = input_document(policy_input)
-        digest = input_digest(doc)
+        # OPA is handed the whole input: its policies are not loaded here to be read.
+        text = input_text(policy_input)
+        digest = text_digest(text)
         names = [t.name for t in policy_input.teams]
         started = time.perf_counter()
         decision_id = None
         try:
-            value, decision_id = self._call(doc)
+            value, decision_id = self._call(text)
             decision = to_decision(value, names)
             error = None
         except ValueError as exc:

@@ -113,6 +113,13 @@ class PolicyInput(_Model):
     fleet: dict[str, int] = Field(
         default_factory=dict, description="Fleet summary counts (instances, gpus, idle_workers...)."
     )
+    pools_by_price: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Derived by the service: the pool names by their cheapest hourly price (0 for a pool "
+            "without prices), then by name."
+        ),
+    )
 
 
 # ---------------------------------------------------------------- decision
@@ -205,7 +212,7 @@ class EvaluationResult(BaseModel):
 
     decision: Decision
     revision: str = Field(description="Content hash of the policy bundle that answered.")
-    input_digest: str = Field(description="sha256 of the canonical JSON of the input.")
+    input_digest: str = Field(description="sha256 of the JSON document the engine was handed.")
     eval_ms: float
     decision_id: str | None = Field(None, description="OPA's decision id, when OPA answered.")
     error: str | None = None

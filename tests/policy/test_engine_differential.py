@@ -73,13 +73,24 @@ def differences(a: Any, b: Any, path: str = "decision") -> list[str]:
     return [] if type(a) is type(b) and a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def decide_text(engine: EmbeddedEngine, text: str, teams: list[str]) -> dict[str, Any] | str:
+    """`decide` for the text an evaluation hands the engine (only the fields the policy reads)."""
+    try:
+        return to_decision(engine.raw_text(text), teams).model_dump(mode="json")
+    except (RegoFailure, ValueError) as exc:
+        return f"failed: {type(exc).__name__}"
+
+
 def assert_same(engines: dict[str, EmbeddedEngine], raw_input: dict[str, Any]) -> dict[str, Any] | str:
+    """regorus on the whole document, regorus and rego-cpp on the trimmed one: one decision."""
     policy_input = complete_input(raw_input)
     doc = input_document(policy_input)
+    text = engines["regorus"].input_text(policy_input)
     names = [t.name for t in policy_input.teams]
     ours = decide(engines["regorus"], doc, names)
-    theirs = decide(engines["rego-cpp"], doc, names)
-    found = differences(ours, theirs)
+    trimmed = decide_text(engines["regorus"], text, names)
+    theirs = decide_text(engines["rego-cpp"], text, names)
+    found = differences(ours, theirs) + differences(ours, trimmed)
     assert not found, f"input {raw_input!r}: {found}"
     return ours
 
@@ -222,6 +233,92 @@ DIFFERENTIAL = settings(
 @given(raw=policy_inputs())
 def test_generated_inputs_decide_the_same(engines, raw):
     assert_same(engines, raw)
+
+
+# The pool order as the policy computed it before the service handed it the pools by
+# price: by counting the pools before each one (rego-cpp's sort() compares numbers as
+# text). The oracle for `test_the_pool_order_is_what_counting_gave`.
+COUNTED_POOL_ORDER = """package oracle
+
+import data.autoscaler.lib
+import rego.v1
+
+cheapest(p) := lib.min_of([v | some v in p.hourly_prices]) if {
+	count(p.hourly_prices) > 0
+} else := 0
+
+rank(p) := 0 if {
+	p.kind == "static"
+} else := 1
+
+pool_order := [by_position[i] | some i in numbers.range(0, count(keys) - 1)] if {
+	keys := [{"rank": rank(p), "price": cheapest(p), "name": p.name} | some p in input.pools]
+	count(keys) > 0
+	by_position := {position: k.name |
+		some k in keys
+		lower_rank := count([o | some o in keys; o.rank < k.rank])
+		cheaper := count([o | some o in keys; o.rank == k.rank; o.price < k.price])
+		same_price_earlier_name := count([o | some o in keys; o.rank == k.rank; o.price == k.price; o.name < k.name])
+		position := (lower_rank + cheaper) + same_price_earlier_name
+	}
+} else := []
+"""
+
+
+@pytest.fixture(scope="module")
+def counted_order() -> Any:
+    runtime = make_runtime("regorus")
+    runtime.load({**BUNDLE.modules, "oracle.rego": COUNTED_POOL_ORDER}, BUNDLE.data, "oracle/pool_order")
+    yield runtime
+    runtime.close()
+
+
+@DIFFERENTIAL
+@given(raw=policy_inputs(), prices=st.lists(st.sampled_from([0.5, 2.5, 9.99, 10.0, 30.0]), min_size=7, max_size=7))
+def test_the_pool_order_is_what_counting_gave(engines, counted_order, raw, prices):
+    """One sort in the service and on-prem first in Rego order the pools as the counting rule did."""
+    for pool, price in zip(raw["pools"], prices, strict=False):
+        pool.setdefault("hourly_prices", {"x/spot": price})
+    policy_input = complete_input(raw)
+    decision = decide(engines["regorus"], input_document(policy_input), [t.name for t in policy_input.teams])
+    assert isinstance(decision, dict)
+    assert decision["pool_order"] == counted_order.evaluate(input_document(policy_input))[0]
+
+
+SETTINGS_AGREE = """package oracle
+
+import data.autoscaler.priorities
+import rego.v1
+
+disagree contains name if {
+	some name in input.names
+	s := priorities.settings(name)
+	[s.tier, s.weight, s.capacity_types, s.quota] != [
+		priorities.tier(name), priorities.weight(name), priorities.capacity_types(name), priorities.quota(name),
+	]
+}
+"""
+
+
+@pytest.mark.parametrize("interpreter", ["regorus", "rego-cpp"])
+def test_a_teams_settings_are_what_the_per_attribute_functions_give(interpreter):
+    """decision.rego reads a team's tier, weight, capacity types and quota from one
+    `priorities.settings`; it must say what the functions the other rules use say."""
+    runtime = make_runtime(interpreter)
+    try:
+        runtime.load({**BUNDLE.modules, "oracle.rego": SETTINGS_AGREE}, BUNDLE.data, "oracle/disagree")
+        names = [*TEAMS, "", "team-without-data"]
+        assert runtime.evaluate({"names": names})[0] == []
+        # The oracle can fail: a team whose weight is read differently is reported.
+        broken = dict(BUNDLE.modules)
+        broken["priorities.rego"] = broken["priorities.rego"].replace(
+            '"weight": object.get(c, "weight",', '"weight": 1 + object.get(c, "weight",'
+        )
+        assert broken["priorities.rego"] != BUNDLE.modules["priorities.rego"]
+        runtime.load({**broken, "oracle.rego": SETTINGS_AGREE}, BUNDLE.data, "oracle/disagree")
+        assert sorted(runtime.evaluate({"names": names})[0]) == sorted(names)
+    finally:
+        runtime.close()
 
 
 @pytest.mark.slow
