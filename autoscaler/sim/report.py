@@ -38,7 +38,7 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         },
         **ours,
         "lower_bound_usd": lower,
-        "lower_bound_work_gpu_hours": round(sum(t.gpus * t.duration_s for t in wl.tasks) / 3600, 1),
+        "lower_bound_work_gpu_hours": round(sum(t.work_gpu_s for t in wl.tasks) / 3600, 1),
         "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
         "reclaim_aware_bound": aware,
         "cost_vs_reclaim_aware_bound": round(ours["total_cost_usd"] / aware_usd, 3) if aware_usd else None,
