@@ -5,6 +5,7 @@ reservations held apart from single tasks'."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -109,3 +110,45 @@ def test_a_gang_that_cannot_complete_releases_its_reservation_and_blocks_nobody(
     spans = sum(len(r.gpu_indices) * ((r.ended_at or end) - r.reserved_at).total_seconds() for r in ranks)
     assert rep["gangs"]["reservation_gpu_hours"] == pytest.approx(spans / 3600.0, abs=0.01)
     assert rep["gangs"]["reservation_gpu_hours"] > 0
+
+
+def test_baselines_price_a_gang_as_one_job_on_all_its_machines() -> None:
+    from autoscaler.sim import baselines, bounds, managed_spot
+
+    wl = Workload("g", (TraceTask("gang", "t", 0.0, 3600.0, 1, nodes=2),))
+    cfg = one_pool(("t",), spot=1.0, on_demand=2.0, gpus=1)
+    st = settings()
+    # Two GPU-hours at the spot price of a machine that fits one rank.
+    assert baselines.lower_bound(wl, cfg) == pytest.approx(2.0)
+    assert baselines.too_wide(wl, cfg) == 0  # one rank fits a 1-GPU machine
+    # Static fleet: enough machines for the gang, both ranks at once, no wait.
+    fleet = baselines.static_fleet(wl, cfg)
+    assert fleet["fleet"]["instances"] == 2 and fleet["waits_s"]["p50"] == 0.0
+    assert fleet["gpu_hours"]["used"] == pytest.approx(2.0)
+    # ClearML-style: the poll launches a worker per rank; the gang starts when both
+    # have booted (120 s), never on one alone.
+    cm = baselines.clearml_style(wl, cfg, st)
+    assert cm["counts"]["launches"] == 2 and cm["tasks"]["succeeded"] == 1
+    assert cm["waits_s"]["p50"] == pytest.approx(120.0) and cm["gpu_hours"]["used"] == pytest.approx(2.0)
+    # Managed spot: one job on two spot machines, started on the later boot.
+    ms = managed_spot.managed_spot(wl, cfg, st)
+    assert ms["counts"]["launches"] == 2 and ms["tasks"]["succeeded"] == 1
+    assert ms["waits_s"]["p50"] == pytest.approx(120.0) and ms["gpu_hours"]["used"] == pytest.approx(2.0)
+    # Reclaim-aware: either machine's reclaim restarts both, so the rate is 2 x 0.5 per
+    # hour: 2 GPUs x (e^(1.0 x 1) - 1) / 1.0 = 3.44 USD, below on-demand's 4.00; one
+    # 2-GPU machine at 0.5 would have cost 2 x (e^0.5 - 1) / 0.5 = 2.60.
+    aware = bounds.reclaim_aware_bound(wl, cfg, settings(preemption_per_hour=0.5))
+    assert aware["usd"] == pytest.approx(2 * math.expm1(1.0), abs=0.01)
+    assert aware["tasks_by_choice"]["spot_restart"] == 1
+
+
+def test_clearml_style_loses_a_gang_whole_when_one_machine_is_reclaimed() -> None:
+    from autoscaler.sim import baselines
+
+    wl = Workload("g", (TraceTask("gang", "t", 0.0, 3600.0, 1, nodes=2),))
+    cfg = one_pool(("t",), spot=1.0, on_demand=2.0, gpus=1)
+    # Reclaims are frequent enough that some machine of the gang goes before it ends.
+    cm = baselines.clearml_style(wl, cfg, settings(preemption_per_hour=3.0, horizon_after_last_arrival_s=4 * 3600.0))
+    assert cm["counts"]["preemptions"] >= 1 and cm["counts"]["lost_tasks_resubmitted"] >= 1
+    # Every loss is resubmitted by hand 2 h later: the wait has at least one of those.
+    assert cm["waits_s"]["p50"] >= baselines.CLEARML_RESUBMIT_S
