@@ -83,6 +83,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
         )
+    gangs = report.get("gangs")  # reports written before gangs were simulated have none
+    if gangs and gangs["tasks"]:
+        w = gangs["waits_s"]
+        lines += [
+            "",
+            f"Gangs (ours): {gangs['succeeded']}/{gangs['tasks']} finished; wait p50 {_dur(w['p50'])}, "
+            f"p95 {_dur(w['p95'])}; reservations held {gangs['reservation_gpu_hours']:,.1f} GPU-h before their "
+            f"ranks started ({gangs['reservations_timed_out']} rank reservation(s) released at the timeout).",
+        ]
     lines += [
         "",
         "## Teams (ours)",

@@ -152,3 +152,15 @@ def test_clearml_style_loses_a_gang_whole_when_one_machine_is_reclaimed() -> Non
     assert cm["counts"]["preemptions"] >= 1 and cm["counts"]["lost_tasks_resubmitted"] >= 1
     # Every loss is resubmitted by hand 2 h later: the wait has at least one of those.
     assert cm["waits_s"]["p50"] >= baselines.CLEARML_RESUBMIT_S
+
+
+def test_the_report_text_names_gang_waits_and_reservation_hours(tmp_path: Path) -> None:
+    out = run(_wide(), one_pool(("t",), gpus=1), tmp_path, settings(reclaim_first_spot_after_s=1800.0))
+    text = report.markdown(report.build(out, None))
+    assert "Gangs (ours): 1/1 finished; wait p50 " in text
+    assert "reservations held 0.0 GPU-h before their ranks started (0 rank reservation(s)" in text
+    # A workload without gangs has no such line.
+    single = Workload("s", (TraceTask("one", "t", 0.0, 600.0, 1),))
+    assert "Gangs (ours)" not in report.markdown(
+        report.build(run(single, one_pool(("t",)), tmp_path / "s", settings()), None)
+    )
