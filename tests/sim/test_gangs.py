@@ -161,6 +161,6 @@ def test_the_report_text_names_gang_waits_and_reservation_hours(tmp_path: Path) 
     assert "reservations held 0.0 GPU-h before their ranks started (0 rank reservation(s)" in text
     # A workload without gangs has no such line.
     single = Workload("s", (TraceTask("one", "t", 0.0, 600.0, 1),))
-    assert "Gangs (ours)" not in report.markdown(
-        report.build(run(single, one_pool(("t",)), tmp_path / "s", settings()), None)
-    )
+    (tmp_path / "single").mkdir()
+    alone = run(single, one_pool(("t",)), tmp_path / "single", settings())
+    assert "Gangs (ours)" not in report.markdown(report.build(alone, None))
