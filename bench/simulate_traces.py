@@ -5,8 +5,9 @@
     ... [--seed S] [--checkpoint-every MIN] [--spot-only | --policy DIR]
 
 Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
-bound and both baselines in one process, prints wall time, cycles and the comparison
-table, and writes the report (json, md, PNGs) under --out.
+bound and both baselines in one process, prints wall time, cycles, the gangs' figures
+(waits, reservation GPU-hours) and the comparison table, and writes the report (json,
+md, PNGs) under --out.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def main() -> None:
                 "ms_per_cycle": round(1000 * outcome.wall_s / max(len(outcome.cycles), 1), 1),
                 "virtual_days": round(outcome.end_s / 86400, 2),
                 "report_and_baselines_s": round(report_s, 2),
+                "gangs": rep["gangs"],
             }
         )
     )
