@@ -5,8 +5,9 @@
     ... [--seed S] [--checkpoint-every MIN] [--spot-only | --policy DIR]
 
 Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
-bound and both baselines in one process, prints wall time, cycles and the comparison
-table, and writes the report (json, md, PNGs) under --out.
+bound and both baselines in one process, prints wall time, cycles, the gangs' figures
+(waits, reservation GPU-hours) and the comparison table, and writes the report (json,
+md, PNGs) under --out.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
                 "report_and_baselines_s": round(report_s, 2),
                 "gc_collections": [gc_n[g] for g in range(3)],
                 "gc_s": [round(gc_s[g], 2) for g in range(3)],
+                "gangs": rep["gangs"],
             }
         )
     )

@@ -3,7 +3,10 @@ functions in-process (register with a join token, lease, start, finish, interrup
 drain deadline or a spot reclaim, deregister), at virtual times the simulator chooses.
 
 The agent keeps no scheduling logic of its own: what it leases is whatever
-`queueing.tasks.lease` hands it, exactly as over HTTP.
+`queueing.tasks.lease` hands it, exactly as over HTTP. That includes gangs: a lease
+answer that reserves a rank (`Reserved`: the worker's GPUs are held, nothing starts),
+and the start of a complete gang's rank (`Leased` with `nodes` > 1), which the real
+agent gets on its next lease (it polls every 0.25 s while it holds a reservation).
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.auth.tokens import create_token
+from autoscaler.lifecycle import RankState
+from autoscaler.queueing import gangs
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as worker_ops
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Worker
+from autoscaler.state.models import TaskRank, Worker
 
 
 @dataclass
@@ -38,13 +43,41 @@ class SimAgent:
     gpus: int
     price_per_gpu_h: float
     running: dict[str, RunningTask] = field(default_factory=dict)
+    # Gang ranks reserved here and not started yet: task id -> (rank row id, GPUs held).
+    reserved: dict[str, tuple[int, int]] = field(default_factory=dict)
     draining: bool = False
     gone: bool = False
     idle_since: float | None = None  # virtual seconds; None while a task runs
 
     @property
     def free(self) -> int:
-        return self.gpus - sum(r.gpus for r in self.running.values())
+        return self.gpus - sum(r.gpus for r in self.running.values()) - sum(g for _, g in self.reserved.values())
+
+    @property
+    def busy(self) -> bool:
+        """Running something or holding a rank: not idle (the server's rule too)."""
+        return bool(self.running or self.reserved)
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A task started on this worker: a single task, or this worker's rank of a gang.
+    `starting` are the gang's other workers whose start is waiting for their lease."""
+
+    task_id: str
+    gpus: int  # on this worker
+    attempt: int
+    nodes: int = 1
+    starting: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The lease reserved a rank of a gang here; the gang is not complete yet."""
+
+    task_id: str
+    rank_id: int
+    gpus: int
 
 
 @dataclass(frozen=True)
@@ -94,19 +127,64 @@ class AgentOps:
             wid = worker.id
         return SimAgent(wid, instance_id, provider_instance_id, pool, gpus, price_per_gpu_h)
 
-    def lease_and_start(self, agent: SimAgent, *, now: datetime) -> tuple[str, int, int] | None:
-        """Lease one task and report it started: (task id, gpus, attempt), or None."""
+    def lease_and_start(
+        self, agent: SimAgent, *, now: datetime, gangs_queued: bool = False
+    ) -> Leased | Reserved | None:
+        """Lease once and report a start: what it started, the rank it reserved, or None.
+
+        `gangs_queued`: a gang may be waiting, so a None from the lease may have been a
+        reservation; without one, the extra look is skipped (most leases)."""
         with transaction(self.sessions) as s:
             task = task_ops.lease(s, agent.worker_id, now=now)
             if task is None:
-                return None
+                if not gangs_queued:
+                    return None
+                known = [r for r, _ in agent.reserved.values()]
+                rank = s.scalar(
+                    select(TaskRank).where(
+                        TaskRank.worker_id == agent.worker_id,
+                        TaskRank.state == RankState.RESERVED.value,
+                        TaskRank.id.not_in(known),
+                    )
+                )
+                return Reserved(rank.task_id, rank.id, len(rank.gpu_indices or [])) if rank is not None else None
             task_ops.mark_started(s, agent.worker_id, task.id, now=now)
-            return task.id, task.gpus, task.attempts
+            if not gangs.is_gang(task):
+                return Leased(task.id, task.gpus, task.attempts)
+            waiting = tuple(
+                r.worker_id
+                for r in gangs.current(s, task)
+                if r.worker_id != agent.worker_id and r.state == RankState.LEASED.value and r.delivered_at is None
+            )
+            return Leased(task.id, task.gpus, task.attempts, task.nodes, waiting)
 
-    def finish(self, agent: SimAgent, task_id: str, *, now: datetime, now_s: float, interrupted: str = "") -> Ended:
+    def reserved_on(self, task_id: str) -> dict[str, tuple[int, int, datetime]]:
+        """This gang's reserved ranks now (a timeout or a lost worker releases them):
+        worker id -> (rank row id, GPUs, reserved at)."""
+        with self.sessions() as s:
+            rows = s.scalars(
+                select(TaskRank).where(TaskRank.task_id == task_id, TaskRank.state == RankState.RESERVED.value)
+            )
+            return {r.worker_id: (r.id, len(r.gpu_indices or []), r.reserved_at) for r in rows}
+
+    def finish(
+        self,
+        agent: SimAgent,
+        task_id: str,
+        *,
+        now: datetime,
+        now_s: float,
+        interrupted: str = "",
+        canceled: bool = False,
+    ) -> Ended:
+        """Report the attempt's end: an exit 0, an interruption (`interrupted`: spot,
+        drain...), or, `canceled`, a rank the server told to stop because another rank
+        of its gang ended (the real agent's report after SIGTERM)."""
         run = agent.running.pop(task_id)
         with transaction(self.sessions) as s:
-            if interrupted:
+            if canceled:
+                task = task_ops.finish(s, agent.worker_id, task_id, now=now, reason="canceled", detail="gang ended")
+            elif interrupted:
                 task = task_ops.finish(s, agent.worker_id, task_id, now=now, reason="interrupted", detail=interrupted)
             else:
                 task = task_ops.finish(s, agent.worker_id, task_id, now=now, reason="exit", exit_code=0)

@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 
 from autoscaler.errors import InvalidInput
-from autoscaler.sim.workload import TraceTask, Workload, split_note, split_wide
+from autoscaler.sim.workload import TraceTask, Workload, gang_note, gang_of
 
 COLUMNS = ("name", "num_gpu", "qos", "creation_time", "deletion_time", "scheduled_time")
 
@@ -46,8 +46,7 @@ def load_alibaba(path: Path) -> Workload:
                     unscheduled += 1
                     continue
                 team = (row["qos"] or "unknown").lower()
-                parts = split_wide(row["name"], team, float(row["creation_time"]), end - start, gpus)
-                tasks.extend(parts)
+                tasks.append(gang_of(row["name"], team, float(row["creation_time"]), end - start, gpus))
     except OSError as exc:
         raise InvalidInput(f"--workload alibaba:{path}: cannot read it ({exc.strerror})") from None
     except (ValueError, KeyError) as exc:
@@ -58,6 +57,6 @@ def load_alibaba(path: Path) -> Workload:
         notes.append(f"{cpu_only} CPU-only pod(s) skipped")
     if unscheduled:
         notes.append(f"{unscheduled} pod(s) never scheduled or with no run time skipped")
-    if note := split_note(tasks, "pod"):
+    if note := gang_note(tasks, "pod"):
         notes.append(note)
-    return Workload(f"alibaba ({len(tasks)} GPU tasks)", tuple(tasks), tuple(notes), split_unit="pod")
+    return Workload(f"alibaba ({len(tasks)} GPU tasks)", tuple(tasks), tuple(notes), job_unit="pod")

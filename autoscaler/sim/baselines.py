@@ -12,6 +12,13 @@ reclaim rates as our run:
 - `static_fleet`: on-demand machines sized to the peak of concurrent GPU demand,
   running from the first arrival to the last completion, first-fit with backfill.
 
+A gang (a trace job wider than a machine: `nodes` ranks of `gpus` each) is one job of
+nodes x gpus GPUs in every one of them: priced per GPU of a machine that fits one rank
+in the bound; in the ClearML-style model it waits in its own queue (one per shape,
+nodes included) until that many of the queue's workers are idle at once, holds them
+all, and is lost whole when any of them is reclaimed; in the static fleet it starts
+when that many machines each have a rank's GPUs free (first fit, with backfill).
+
 These are models of other systems, not copies of our logic: they share only the
 summary arithmetic (`summary.summarize`).
 """
@@ -47,7 +54,7 @@ def offerings(config: AutoscalerConfig) -> list[Offering]:
 
 
 def _work(t: TraceTask) -> float:
-    return t.gpus * t.duration_s
+    return t.work_gpu_s
 
 
 def lower_bound(workload: Workload, config: AutoscalerConfig) -> float:
@@ -58,12 +65,13 @@ def lower_bound(workload: Workload, config: AutoscalerConfig) -> float:
         if t.gpus not in per_gpu:
             fits = [o.hourly_price / o.gpus for o in offers if o.gpus >= t.gpus]
             per_gpu[t.gpus] = min(fits) if fits else math.inf
-        total += t.gpus * t.duration_s / 3600.0 * per_gpu[t.gpus]
+        total += t.work_gpu_s / 3600.0 * per_gpu[t.gpus]
     return round(total, 2)
 
 
 def too_wide(workload: Workload, config: AutoscalerConfig) -> int:
-    """How many tasks need more GPUs than any instance type offers (they can never run)."""
+    """How many tasks need more GPUs on one machine (a gang: per rank) than any
+    instance type offers (they can never run)."""
     widest = max((o.gpus for o in offerings(config)), default=0)
     return sum(1 for t in workload.tasks if t.gpus > widest)
 
@@ -80,7 +88,7 @@ def _resource(offers: list[Offering], gpus: int) -> Offering:
 @dataclass
 class _Worker:
     id: int
-    queue: int
+    queue: tuple[int, int]  # (GPUs, nodes): the shape its queue serves
     offering: Offering
     launched: float
     ready: float | None = None
@@ -110,9 +118,10 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
     rng = random.Random(settings.seed + 1)
     offers = offerings(config)
     jobs = [_Job(t, t.arrival_s) for t in workload.tasks]
-    shapes = sorted({t.gpus for t in workload.tasks})
-    resource = {g: _resource(offers, g) for g in shapes}
-    queues: dict[int, deque[int]] = {g: deque() for g in shapes}
+    # A queue per task shape: GPUs per machine and, for a gang, its machines.
+    shapes = sorted({(t.gpus, t.nodes) for t in workload.tasks})
+    resource = {g: _resource(offers, g) for g in {g for g, _ in shapes}}
+    queues: dict[tuple[int, int], deque[int]] = {sh: deque() for sh in shapes}
     workers: dict[int, _Worker] = {}
     # Workers not yet ended, in launch order (the same order as `workers`): every scan
     # walks these, not every worker ever launched, which made a long trace quadratic.
@@ -140,18 +149,43 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
     }
     pending_jobs = len(jobs)
     now = 0.0
+    # The workers a running job holds (one for a single task, `nodes` for a gang),
+    # the first of them carrying its finish event.
+    holding: dict[int, list[_Worker]] = {}
+
+    def idle(w: _Worker) -> bool:
+        return w.task is None and w.ready is not None and w.end is None
 
     def take(w: _Worker) -> None:
         q = queues[w.queue]
-        if q and w.task is None and w.ready is not None and w.end is None:
-            ji = q.popleft()
-            job = jobs[ji]
-            job.wait_s += now - job.queued_at
-            job.started = True
-            w.charge(now)
-            w.team, w.task, w.idle_since = job.trace.team, ji, None
-            push(now + max(job.trace.duration_s - job.kept_s, 0.0), "finish", w.id)
-            w_start[w.id] = now
+        if not q or not idle(w):
+            return
+        nodes = w.queue[1]
+        group = [w]
+        if nodes > 1:
+            # A gang needs all its machines at once: the queue's idle workers, w first.
+            group += [o for o in live if o is not w and o.queue == w.queue and idle(o)][: nodes - 1]
+            if len(group) < nodes:
+                return
+        ji = q.popleft()
+        job = jobs[ji]
+        job.wait_s += now - job.queued_at
+        job.started = True
+        for m in group:
+            m.charge(now)
+            m.team, m.task, m.idle_since = job.trace.team, ji, None
+            w_start[m.id] = now
+        holding[ji] = group
+        push(now + max(job.trace.duration_s - job.kept_s, 0.0), "finish", w.id)
+
+    def release(ji: int) -> list[_Worker]:
+        """The job's workers, freed (idle from now); GPU-seconds they ran counted."""
+        nonlocal used_gpu_s
+        group = holding.pop(ji, [])
+        for m in group:
+            used_gpu_s += jobs[ji].trace.gpus * (now - w_start[m.id])
+            m.task, m.idle_since = None, now
+        return group
 
     w_start: dict[int, float] = {}
     # The same stop as ours (`SimSettings.horizon_after_last_arrival_s`): a task longer
@@ -165,9 +199,10 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
         if kind == "arrive":
             job = jobs[ref]
             job.queued_at = now
-            queues[job.trace.gpus].append(ref)
+            shape = (job.trace.gpus, job.trace.nodes)
+            queues[shape].append(ref)
             for w in live:  # `take` skips ended ones still listed
-                if w.queue == job.trace.gpus and w.task is None:
+                if w.queue == shape and w.task is None:
                     take(w)
         elif kind == "ready":
             w = workers[ref]
@@ -176,14 +211,13 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
                 take(w)
         elif kind == "finish":
             w = workers[ref]
-            if w.end is not None or w.task is None:
+            if w.end is not None or w.task is None or holding.get(w.task, [None])[0] is not w:
                 continue
             job = jobs[w.task]
-            used_gpu_s += job.trace.gpus * (now - w_start[w.id])
             job.done = True
             pending_jobs -= 1
-            w.task, w.idle_since = None, now
-            take(w)
+            for m in release(w.task):
+                take(m)
         elif kind == "preempt":
             w = workers[ref]
             if w.end is not None:
@@ -192,19 +226,23 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
             w.charge(now)
             w.end = now
             if w.task is not None:
-                job = jobs[w.task]
+                ji = w.task
+                job = jobs[ji]
                 ran = now - w_start[w.id]
-                used_gpu_s += job.trace.gpus * ran
                 # No notice reaches the task (no drain on a spot notice): only periodic
-                # checkpoints survive.
+                # checkpoints survive. A gang is lost on every one of its machines.
                 kept = kept_s(ran, settings.checkpoint_every_s, told_to_stop=False)
                 job.kept_s += kept
-                lost_usd += job.trace.gpus * (ran - kept) / 3600.0 * w.offering.hourly_price / w.offering.gpus
+                group = release(ji)
+                for m in group:
+                    lost_usd += job.trace.gpus * (ran - kept) / 3600.0 * m.offering.hourly_price / m.offering.gpus
                 # Lost: resubmitted by hand 2 h later; those 2 h are waiting too.
                 counts["lost_tasks_resubmitted"] += 1
-                push(now + CLEARML_RESUBMIT_S, "arrive", w.task)
+                push(now + CLEARML_RESUBMIT_S, "arrive", ji)
                 job.wait_s += CLEARML_RESUBMIT_S
-                w.task = None
+                for m in group:
+                    if m is not w:
+                        take(m)
         elif kind == "poll":
             live[:] = [w for w in live if w.end is None]
             for w in live:
@@ -216,12 +254,14 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
                 ):
                     w.charge(now)
                     w.end = now
-            for g, q in queues.items():
-                idle = sum(1 for w in live if w.queue == g and w.end is None and w.ready is not None and w.task is None)
-                booting = sum(1 for w in live if w.queue == g and w.end is None and w.ready is None)
-                for _ in range(max(len(q) - idle - booting, 0)):
+            for shape, q in queues.items():
+                g, nodes = shape
+                n_idle = sum(1 for w in live if w.queue == shape and idle(w))
+                booting = sum(1 for w in live if w.queue == shape and w.end is None and w.ready is None)
+                # The backlog in machines: a gang asks for all of its own.
+                for _ in range(max(len(q) * nodes - n_idle - booting, 0)):
                     o = resource[g]
-                    w = _Worker(next(ids), g, o, now, team=jobs[q[0]].trace.team, charged_until=now)
+                    w = _Worker(next(ids), shape, o, now, team=jobs[q[0]].trace.team, charged_until=now)
                     workers[w.id] = w
                     live.append(w)
                     counts["launches"] += 1
@@ -250,10 +290,10 @@ def clearml_style(workload: Workload, config: AutoscalerConfig, settings: SimSet
 
 
 def peak_gpus(workload: Workload) -> int:
-    """Most GPUs asked for at once if every task started on arrival."""
+    """Most GPUs asked for at once if every task started on arrival (a gang: all of its)."""
     events = sorted(
-        [(t.arrival_s, t.gpus) for t in workload.tasks]
-        + [(t.arrival_s + t.duration_s, -t.gpus) for t in workload.tasks],
+        [(t.arrival_s, t.total_gpus) for t in workload.tasks]
+        + [(t.arrival_s + t.duration_s, -t.total_gpus) for t in workload.tasks],
         key=lambda e: (e[0], e[1]),
     )
     cur = peak = 0
@@ -266,7 +306,9 @@ def peak_gpus(workload: Workload) -> int:
 def static_fleet(workload: Workload, config: AutoscalerConfig) -> dict[str, Any]:
     offers = [o for o in offerings(config) if o.capacity_type == "on_demand"]
     node = min(offers, key=lambda o: (-o.gpus, o.hourly_price / o.gpus))
-    n_nodes = max(math.ceil(peak_gpus(workload) / node.gpus), 1)
+    # Enough machines for the peak, and for the widest gang to run at all.
+    widest = max((t.nodes for t in workload.tasks), default=1)
+    n_nodes = max(math.ceil(peak_gpus(workload) / node.gpus), widest, 1)
     free = [node.gpus] * n_nodes
     heap: list[tuple[float, int, int, int]] = []  # (finish time, seq, node, task index)
     seq = itertools.count()
@@ -281,14 +323,17 @@ def static_fleet(workload: Workload, config: AutoscalerConfig) -> dict[str, Any]
         still: list[int] = []
         for ti in waiting:
             t = tasks[ti]
-            n = next((k for k in range(n_nodes) if free[k] >= t.gpus), None)
-            if n is None:
+            # First fit: the first machine(s) with a rank's GPUs free; a gang needs
+            # `nodes` of them at once, one rank on each.
+            fit = list(itertools.islice((k for k in range(n_nodes) if free[k] >= t.gpus), t.nodes))
+            if len(fit) < t.nodes:
                 still.append(ti)
                 continue
-            free[n] -= t.gpus
-            heapq.heappush(heap, (now + t.duration_s, next(seq), n, ti))
+            for n in fit:
+                free[n] -= t.gpus
+                heapq.heappush(heap, (now + t.duration_s, next(seq), n, ti))
             results[ti] = TaskResult(t.team, now - t.arrival_s, True, True, _work(t))
-            gpu_s_by_team[t.team] += t.gpus * t.duration_s
+            gpu_s_by_team[t.team] += t.work_gpu_s
         waiting[:] = still
 
     while i < len(tasks) or heap:

@@ -14,6 +14,10 @@ pays for its share of the machine, as in `baselines.lower_bound`):
 The bound is the cheapest of those per task, times g. No system can do better in
 expectation with these offerings and rates; `baselines.lower_bound` (spot with no
 reclaim) is below it.
+
+A gang of n ranks is one job of n x g GPUs on n machines that each fit a rank: a
+reclaim of any of them stops all, so on spot its rate is n x r (n machines, each
+reclaimed at r), and it pays all n machines' share the whole time.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ def task_bound(
 ) -> tuple[float, str]:
     """(least expected USD, how: 'on_demand' | 'spot_restart' | 'spot_checkpoint')."""
     hours = task.duration_s / 3600.0
+    nodes = max(task.nodes, 1)
     boot_h = sum(settings.boot_delay_s) / 2.0 / 3600.0
     best, how = math.inf, "none"
     for o in offers:
@@ -67,12 +72,13 @@ def task_bound(
         if o.capacity_type != "spot":
             cost, kind = per_gpu * hours, "on_demand"
         elif checkpoints:
-            cost, kind = spot_checkpoint_cost(per_gpu, zone_rate(settings, o.zone), hours, boot_h), "spot_checkpoint"
+            rate = nodes * zone_rate(settings, o.zone)
+            cost, kind = spot_checkpoint_cost(per_gpu, rate, hours, boot_h), "spot_checkpoint"
         else:
-            cost, kind = spot_restart_cost(per_gpu, zone_rate(settings, o.zone), hours), "spot_restart"
+            cost, kind = spot_restart_cost(per_gpu, nodes * zone_rate(settings, o.zone), hours), "spot_restart"
         if cost < best:
             best, how = cost, kind
-    return best * task.gpus, how
+    return best * task.total_gpus, how
 
 
 def reclaim_aware_bound(workload: Workload, config: AutoscalerConfig, settings: SimSettings) -> dict[str, Any]:

@@ -7,6 +7,16 @@ Nothing here decides what to launch, drain or terminate: the reconciler does, ag
 the fake provider (which stands for the cloud) and a database the simulated agents
 share with it. The simulator only plays the world: how long a boot takes, when a spot
 machine is reclaimed, how long a task runs.
+
+Gangs (trace jobs wider than a machine, enqueued with `nodes=N`) go through the same
+queueing code as a real agent's: a lease may only reserve a rank (the worker's GPUs
+are held, nothing starts); the lease that reserves the N-th rank starts it, and every
+other rank's worker starts on its next lease, at the same virtual instant (a real agent
+holding a reservation asks every 0.25 s). When one rank ends otherwise than exit 0
+(spot, drain, a terminated machine) the server tells the others to stop, and their
+agents report so at once; the gang is requeued as one. A partial reservation is
+released by whichever lease comes after `gangs.reservation_timeout_s`: each reserving
+gang gets a timer just past it, at which its agents ask again.
 """
 
 from __future__ import annotations
@@ -32,10 +42,11 @@ from autoscaler.ledger.period import month_bounds
 from autoscaler.lifecycle import TASK_FINAL
 from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.provisioning import catalog_offerings
+from autoscaler.queueing import gangs
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.reconciler.cycle import CycleResult, Reconciler
-from autoscaler.sim.agents import AgentOps, SimAgent
+from autoscaler.sim.agents import AgentOps, Leased, Reserved, RunningTask, SimAgent
 from autoscaler.sim.budgets import read_budgets
 from autoscaler.sim.whatif import checkpoint_every_s, checkpointing_keys
 from autoscaler.sim.workload import TraceTask, Workload
@@ -47,6 +58,8 @@ from providers.fake import FakeProvider
 SIM_START = datetime(2026, 1, 1, tzinfo=UTC)
 # Spot notice per cloud (shared/data/README.md): AWS 2 min, GCP and Azure 30 s.
 NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+# How soon an agent holding a gang reservation asks again (the real agent's GANG_LEASE_S).
+GANG_POLL_S = 0.25
 
 
 class Ev(IntEnum):
@@ -127,6 +140,7 @@ class TaskTrack:
     lost_gpu_s: float = 0.0
     ran_gpu_s: float = 0.0
     kept_s: float = 0.0  # run time saved in checkpoints: the next attempt resumes from it
+    last_kept_s: float = 0.0  # what the last stopped attempt kept (a gang's other ranks kept it too)
 
 
 @dataclass
@@ -243,6 +257,11 @@ class Simulation:
         # would get nothing from a lease (the server filters by free GPUs), so it is not
         # asked; that skips a full lease transaction per agent per poll.
         self._queued_gpus: Counter[int] = Counter()
+        self._queued_gangs = 0
+        # Gangs reserving now (sim-side mirror of the reserved ranks): task -> workers.
+        self._reserving: dict[str, set[str]] = {}
+        # Running gangs: task -> the workers of its ranks.
+        self._ranks: dict[str, list[str]] = {}
         self._running = 0
         self._tick_at: float | None = None
         self._prev_cycle_s = -math.inf
@@ -409,9 +428,11 @@ class Simulation:
             # one that leased again (or left) gives the reconciler nothing to act on.
             _, worker_id, idle_since = data
             agent = self.agents.get(worker_id)
-            return agent is not None and not agent.gone and not agent.running and agent.idle_since == idle_since
+            return agent is not None and not agent.gone and not agent.busy and agent.idle_since == idle_since
         if isinstance(data, tuple) and data[0] == "notice":
             return self._reclaim(data[1])
+        if isinstance(data, tuple) and data[0] == "gang":
+            return self._reservation_timer(data[1], data[2])
         return True
 
     def _reclaim(self, inst_id: str) -> bool:
@@ -470,6 +491,7 @@ class Simulation:
                     queue=t.queue,
                     command=["sim", t.key],
                     gpus=t.gpus,
+                    nodes=t.nodes,
                     max_attempts=self.settings.max_attempts,
                     checkpoints="on-signal" if t.key in self.checkpointing else None,
                     expected_runtime_s=t.duration_s if self.settings.expected_runtime_known else None,
@@ -477,6 +499,7 @@ class Simulation:
                 row = task_ops.enqueue(s, spec, team=t.team, now=now)
                 self.tasks[row.id] = TaskTrack(t, self.now_s)
         self._queued_gpus.update(t.gpus for t in batch)
+        self._queued_gangs += sum(1 for t in batch if t.nodes > 1)
         self._poll_agents()
 
     def _register(self, inst_id: str) -> bool:
@@ -510,60 +533,153 @@ class Simulation:
 
     def _fill(self, agent: SimAgent) -> None:
         """Lease until the worker's GPUs are full or nothing fits (the agent's poll)."""
-        from autoscaler.sim.agents import RunningTask
-
         now = self.clock.now()
         while not agent.draining and not agent.gone and self._queued and agent.free >= self._smallest_queued():
-            got = self.ops.lease_and_start(agent, now=now)
+            got = self.ops.lease_and_start(agent, now=now, gangs_queued=self._queued_gangs > 0)
             if got is None:
                 return
-            task_id, gpus, attempt = got
-            track = self.tasks[task_id]
+            if isinstance(got, Reserved):
+                self._reserved(agent, got)
+                continue  # its other GPUs may still take a task that fits them
+            self._began(agent, got)
+
+    def _reserved(self, agent: SimAgent, got: Reserved) -> None:
+        agent.reserved[got.task_id] = (got.rank_id, got.gpus)
+        agent.idle_since = None
+        holders = self._reserving.setdefault(got.task_id, set())
+        if not holders:
+            # The gang's first rank: past the timeout, its agents' next lease releases it.
+            self._gang_timer(got.task_id, self.now_s)
+        holders.add(agent.worker_id)
+
+    def _gang_timer(self, task_id: str, since_s: float) -> None:
+        at = since_s + gangs.GangSettings().reservation_timeout_s + GANG_POLL_S
+        self._push(max(at, self.now_s + GANG_POLL_S), Ev.WAKE, ("gang", task_id, since_s))
+
+    def _began(self, agent: SimAgent, got: Leased, *, first: bool = True) -> None:
+        """A task, or one rank of a gang, started on this agent; a gang's other ranks
+        start now too (their agents' next lease hands them the start)."""
+        track = self.tasks[got.task_id]
+        if track.state != "running":  # the task's (or the gang's) attempt begins
             track.wait_s += self.now_s - track.queued_since
-            track.attempts = attempt
+            track.attempts = got.attempt
             track.state = "running"
             if track.started_s is None:
                 track.started_s = self.now_s
-            agent.running[task_id] = RunningTask(task_id, gpus, self.now_s, attempt)
-            agent.idle_since = None
-            self._queued_gpus[gpus] -= 1
-            if not self._queued_gpus[gpus]:
-                del self._queued_gpus[gpus]
+            self._queued_gpus[got.gpus] -= 1
+            if not self._queued_gpus[got.gpus]:
+                del self._queued_gpus[got.gpus]
+            if got.nodes > 1:
+                self._queued_gangs -= 1
+                self._reserving.pop(got.task_id, None)
+                self._ranks[got.task_id] = []
             self._running += 1
-            remaining = max(track.trace.duration_s - track.kept_s, 0.0)
-            self._push(self.now_s + remaining, Ev.FINISH, (agent.worker_id, task_id, attempt))
+        agent.reserved.pop(got.task_id, None)
+        agent.running[got.task_id] = RunningTask(got.task_id, got.gpus, self.now_s, got.attempt)
+        agent.idle_since = None
+        if got.nodes > 1:
+            self._ranks[got.task_id].append(agent.worker_id)
+        remaining = max(track.trace.duration_s - track.kept_s, 0.0)
+        self._push(self.now_s + remaining, Ev.FINISH, (agent.worker_id, got.task_id, got.attempt))
+        for wid in got.starting if first else ():
+            other = self.agents[wid]
+            start = self.ops.lease_and_start(other, now=self.clock.now())
+            if not isinstance(start, Leased) or start.task_id != got.task_id:
+                raise RuntimeError(f"gang {got.task_id}: worker {wid} was not handed its rank's start")
+            self._began(other, start, first=False)
 
-    def _end(self, agent: SimAgent, task_id: str, interrupted: str) -> None:
-        ended = self.ops.finish(agent, task_id, now=self.clock.now(), now_s=self.now_s, interrupted=interrupted)
+    def _reservation_timer(self, task_id: str, since_s: float) -> bool:
+        """The gang's reservation may be past its timeout: one of its agents asks again
+        (that lease releases a stale reservation, and may reserve anew), then the
+        simulator mirrors the reserved ranks the database holds."""
+        holders = self._reserving.get(task_id)
+        if not holders:
+            return False  # it started, or every rank was given up
+        agent = self.agents[min(holders)]
+        if not agent.gone:
+            # It asks although its GPUs are held: that is what a reserving agent does.
+            got = self.ops.lease_and_start(agent, now=self.clock.now(), gangs_queued=True)
+            if isinstance(got, Reserved):
+                self._reserved(agent, got)
+            elif got is not None:
+                self._began(agent, got)
+        return self._sync_reservation(task_id)
+
+    def _sync_reservation(self, task_id: str) -> bool:
+        """Make the agents' reserved ranks of this gang the database's: agents whose rank
+        was released look for other work (or go idle); a gang reserving anew gets its
+        timer. True when any rank was released."""
+        held = self.ops.reserved_on(task_id) if self.tasks[task_id].state == "queued" else {}
+        before = self._reserving.pop(task_id, set())
+        released = []
+        for wid in sorted(before | set(held)):
+            agent = self.agents[wid]
+            if wid in held:
+                rank_id, gpus, _at = held[wid]
+                agent.reserved[task_id] = (rank_id, gpus)
+            elif agent.reserved.pop(task_id, None) is not None:
+                released.append(agent)
+        if held:
+            self._reserving[task_id] = set(held)
+            oldest = min(at for _, _, at in held.values())
+            since = (oldest.replace(tzinfo=UTC) if oldest.tzinfo is None else oldest) - self.settings.start
+            self._gang_timer(task_id, since.total_seconds())
+        for agent in released:
+            self._after_free(agent)
+        if released and task_id not in self._reserving:
+            self._poll_agents()  # it forms again when agents poll (behind the work waiting)
+        return bool(released)
+
+    def _end(self, agent: SimAgent, task_id: str, interrupted: str, *, canceled: bool = False) -> None:
         track = self.tasks[task_id]
+        was_running = track.state == "running"
+        ended = self.ops.finish(
+            agent, task_id, now=self.clock.now(), now_s=self.now_s, interrupted=interrupted, canceled=canceled
+        )
         gpu_s = ended.gpus * ended.ran_s
         track.ran_gpu_s += gpu_s
         team = track.trace.team
         self.team_gpu_s[team] = self.team_gpu_s.get(team, 0.0) + gpu_s
-        self._running -= 1
         track.state = ended.state
-        if interrupted:
+        if interrupted or canceled:
+            # A gang's ranks resume from one checkpoint: what the first rank's end kept
+            # (SIGTERM on a notice) is what every rank kept; the others were told to stop.
             every = checkpoint_every_s(track.trace.key, self.settings.checkpoint_every_s, self.checkpointing)
-            kept = kept_s(ended.ran_s, every, told_to_stop=interrupted in ("spot", "drain"))
-            track.kept_s += kept
-            lost_gpu_s = ended.gpus * (ended.ran_s - kept)
+            if was_running:
+                kept = kept_s(ended.ran_s, every, told_to_stop=interrupted in ("spot", "drain"))
+                track.kept_s += kept
+                track.last_kept_s = kept
+            else:
+                kept = track.last_kept_s
+            lost_gpu_s = ended.gpus * max(ended.ran_s - kept, 0.0)
             track.lost_gpu_s += lost_gpu_s
             track.lost_usd += lost_gpu_s / 3600.0 * agent.price_per_gpu_h
+        if not was_running or ended.state == "running":
+            return  # a gang's rank: the gang's attempt ended before, or goes on
+        self._running -= 1
         if ended.state == "queued":
             track.queued_since = self.now_s
             self._queued_gpus[track.trace.gpus] += 1
+            self._queued_gangs += int(track.trace.nodes > 1)
         elif ended.state in TASK_FINAL:
             track.finished_s = self.now_s
+        ranks = self._ranks.pop(task_id, [])
+        for wid in ranks:
+            # Told to stop on their next heartbeat: SIGTERM, the grace, the report.
+            other = self.agents[wid]
+            if other is not agent and task_id in other.running:
+                self._end(other, task_id, "", canceled=True)
+                self._after_free(other)
 
     def _after_free(self, agent: SimAgent) -> None:
         if agent.gone:
             return
         if agent.draining:
-            if not agent.running:
+            if not agent.busy:
                 self._leave(agent, "drained")
             return
         self._fill(agent)
-        if not agent.running and agent.idle_since is None:
+        if not agent.busy and agent.idle_since is None:
             # It just became idle: one timer for its idle timeout (a lease clears it).
             agent.idle_since = self.now_s
             pool = self.config.pool(agent.pool)
@@ -573,6 +689,17 @@ class Simulation:
     def _leave(self, agent: SimAgent, reason: str) -> None:
         if not agent.gone:
             self.ops.leave(agent, now=self.clock.now(), reason=reason)
+        self._forget_reservations(agent)
+
+    def _forget_reservations(self, agent: SimAgent) -> None:
+        """A worker that left gave up its reserved ranks (the server released them)."""
+        for task_id in list(agent.reserved):
+            agent.reserved.pop(task_id)
+            holders = self._reserving.get(task_id)
+            if holders is not None:
+                holders.discard(agent.worker_id)
+                if not holders:
+                    self._reserving.pop(task_id)
 
     # ------------------------------------------------------------------ the real cycle
 
@@ -662,6 +789,7 @@ class Simulation:
                 for task_id in list(agent.running):
                     self._end(agent, task_id, "terminated")
                 agent.gone = True
+                self._forget_reservations(agent)
         self._poll_agents()
 
     def _drains(self) -> None:

@@ -9,6 +9,10 @@ Same world as ours: boot delays and per-zone reclaim rates from `SimSettings`, t
 checkpoint what-if (`autoscaler.sim.whatif`), the same stop horizon after the last
 arrival. Tasks are independent (no shared machines, no capacity limits), so each one's
 timeline is played on its own, in trace order, from one seeded stream.
+
+A gang (`nodes` > 1) is one managed job on `nodes` spot machines of its zone, as
+SkyPilot's `num_nodes` launches them: it starts when the last of them has booted,
+and a reclaim of any of them relaunches all of them in the next zone.
 """
 
 from __future__ import annotations
@@ -59,18 +63,21 @@ def managed_spot(workload: Workload, config: AutoscalerConfig, settings: SimSett
         while zones and t <= stop_at:
             o = zones[attempt % len(zones)]
             attempt += 1
-            counts["launches"] += 1
-            counts["on_demand_launches" if fallback else "spot_launches"] += 1
-            counts["fallbacks"] += int(fallback)
-            ready = t + rng.uniform(lo, hi)
+            n = task.nodes
+            counts["launches"] += n
+            counts["on_demand_launches" if fallback else "spot_launches"] += n
+            counts["fallbacks"] += int(fallback) * n
+            # Each machine boots and is reclaimed on its own; the job starts on the last
+            # boot and stops on the first reclaim (a single task: one of each).
+            ready = max(t + rng.uniform(lo, hi) for _ in range(n))
             rate = zone_rate(settings, o.zone)
             reclaim = float("inf")
             if o.capacity_type == "spot" and forced is not None:
                 reclaim, forced = t + forced, None  # tests: the first spot machine, as in the engine
             elif o.capacity_type == "spot" and rate > 0:
-                reclaim = t + rng.expovariate(rate) * 3600.0
+                reclaim = min(t + rng.expovariate(rate) * 3600.0 for _ in range(n))
             if reclaim <= ready:  # reclaimed while booting: relaunch in the next zone
-                spans.append(Span(task.team, o.gpus, o.hourly_price, t, min(reclaim, stop_at), None))
+                spans += [Span(task.team, o.gpus, o.hourly_price, t, min(reclaim, stop_at), None)] * n
                 counts["preemptions"] += 1
                 wait += reclaim - t
                 t = reclaim
@@ -80,8 +87,8 @@ def managed_spot(workload: Workload, config: AutoscalerConfig, settings: SimSett
             need = max(task.duration_s - kept, 0.0)
             end = min(ready + need, reclaim, stop_at)
             ran = max(end - ready, 0.0)
-            used_gpu_s += task.gpus * ran
-            spans.append(Span(task.team, o.gpus, o.hourly_price, t, end, ready))
+            used_gpu_s += task.total_gpus * ran
+            spans += [Span(task.team, o.gpus, o.hourly_price, t, end, ready)] * n
             if ready + need <= min(reclaim, stop_at):
                 done = True
                 break
@@ -92,9 +99,9 @@ def managed_spot(workload: Workload, config: AutoscalerConfig, settings: SimSett
             # resumes from the task's own checkpoint, wherever the job relaunches).
             saved = kept_s(ran, every, told_to_stop=True)
             kept += saved
-            lost_usd += task.gpus * (ran - saved) / 3600.0 * o.hourly_price / o.gpus
+            lost_usd += task.total_gpus * (ran - saved) / 3600.0 * o.hourly_price / o.gpus
             t = reclaim
         if not done and t > stop_at:
             wait -= t - stop_at  # a wait is counted up to the horizon only
-        results.append(TaskResult(task.team, max(wait, 0.0), done, started, task.gpus * task.duration_s))
+        results.append(TaskResult(task.team, max(wait, 0.0), done, started, task.work_gpu_s))
     return summarize(results, spans, used_gpu_s=used_gpu_s, lost_usd=lost_usd, counts=counts)

@@ -1,7 +1,8 @@
 """Our system's figures from one simulation: the common summary (cost, GPU-hours,
 waits, counts) plus what only a policy-driven loop has: budget adherence per team
-(highest % of a monthly budget, time frozen), the alert sequence, and fair share
-(GPU share against weight share)."""
+(highest % of a monthly budget, time frozen), the alert sequence, fair share (GPU
+share against weight share), and gangs apart (`gang_figures`: their waits, and the
+GPU-hours their reservations held before the ranks started)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from sqlalchemy import select
 
 from autoscaler.ledger import accrue, by_month, shared_pools
 from autoscaler.policy.bundle import shipped_policy_dir
+from autoscaler.queueing import gangs
 from autoscaler.sim.budgets import read_budgets
 from autoscaler.sim.engine import SimOutcome
-from autoscaler.sim.summary import Span, TaskResult, summarize
+from autoscaler.sim.summary import Span, TaskResult, summarize, waits
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance
+from autoscaler.state.models import Instance, TaskRank
 
 
 def budgets(policy_dir: Path | None) -> dict[str, tuple[float, str]]:
@@ -94,7 +96,7 @@ def ours(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
                 wait,
                 tr.state == "succeeded",
                 tr.started_s is not None,
-                tr.trace.gpus * tr.trace.duration_s,
+                tr.trace.work_gpu_s,
             )
         )
     used = sum(tr.ran_gpu_s for tr in outcome.tasks.values())
@@ -138,4 +140,34 @@ def ours(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
                 "weight_share": round(weights.get(team, 1.0) / total_w, 4),
             }
     report["alerts"] = alert_sequence(outcome)
+    report["gangs"] = gang_figures(outcome, task_results)
     return report
+
+
+def gang_figures(outcome: SimOutcome, results: list[TaskResult]) -> dict[str, Any]:
+    """Gangs apart from single tasks: how many, their waits (a gang waits for all N
+    machines at once, so its waits are not the single tasks'), and the GPU-hours their
+    ranks held reserved before starting: from each rank's reservation to its start, or
+    to its release (a timeout, a lost worker), or to the end of the run. Those hours are
+    paid (charged to the gang's team) and run nothing."""
+    is_gang = [tr.trace.nodes > 1 for tr in outcome.tasks.values()]
+    gang_results = [r for r, g in zip(results, is_gang, strict=True) if g]
+    end = outcome.settings.start + timedelta(seconds=outcome.end_s)
+    held_s = 0.0
+    released = 0
+    with outcome.sessions() as s:
+        for gpus, reserved, started, ended, reason in s.execute(
+            select(
+                TaskRank.gpu_indices, TaskRank.reserved_at, TaskRank.started_at, TaskRank.ended_at, TaskRank.end_reason
+            )
+        ):
+            until = started or ended or end
+            held_s += len(gpus or []) * max((_utc(until) - _utc(reserved)).total_seconds(), 0.0)
+            released += int(started is None and reason == gangs.TIMED_OUT)
+    return {
+        "tasks": len(gang_results),
+        "succeeded": sum(r.done for r in gang_results),
+        "waits_s": waits([r.wait_s for r in gang_results]),
+        "reservation_gpu_hours": round(held_s / 3600.0, 3),
+        "reservations_timed_out": released,
+    }

@@ -4,7 +4,8 @@ Each VC becomes a team named after its file. A job's run time is its step count 
 by its V100 throughput alone (`simulation_throughputs.json`, key `('<job_type>', <gpus>)`,
 entry `null`), as in the Gavel simulator; `throughput` says which entry applies when the
 table does not list the job's own scale factor. Every VC's clock starts at 0, so VCs
-overlay as concurrent teams. Jobs wider than 8 GPUs are split (see `split_wide`).
+overlay as concurrent teams. A job wider than one machine is one gang task (`gang_of`):
+its run time is the whole job's (its own scale factor's throughput), on every rank.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.errors import InvalidInput
-from autoscaler.sim.workload import TraceTask, Workload, split_note, split_wide
+from autoscaler.sim.workload import TraceTask, Workload, gang_note, gang_of
 
 GPU_BASIS = "v100"
 THROUGHPUTS = "simulation_throughputs.json"
@@ -96,13 +97,12 @@ def load_philly(path: Path) -> Workload:
             if rate is None:
                 missing += 1
                 continue
-            parts = split_wide(f"{team}-{n}", team, arrival, steps / rate, gpus)
-            tasks.extend(parts)
+            tasks.append(gang_of(f"{team}-{n}", team, arrival, steps / rate, gpus))
     tasks.sort(key=lambda t: (t.arrival_s, t.key))
     notes = [
         f"{len(traces)} virtual clusters as teams; run time = steps / V100 throughput at the job's scale factor (linear above the largest listed)"
     ]
-    if note := split_note(tasks, "job"):
+    if note := gang_note(tasks, "job"):
         notes.append(note)
     if missing:
         notes.append(f"{missing} job(s) without a throughput entry skipped")

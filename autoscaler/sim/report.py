@@ -38,7 +38,7 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         },
         **ours,
         "lower_bound_usd": lower,
-        "lower_bound_work_gpu_hours": round(sum(t.gpus * t.duration_s for t in wl.tasks) / 3600, 1),
+        "lower_bound_work_gpu_hours": round(sum(t.work_gpu_s for t in wl.tasks) / 3600, 1),
         "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
         "reclaim_aware_bound": aware,
         "cost_vs_reclaim_aware_bound": round(ours["total_cost_usd"] / aware_usd, 3) if aware_usd else None,
@@ -83,6 +83,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_dur(w['p99'])} | {g['used']:,.1f} | {g['idle']:,.1f} | {g['booting']:,.1f} "
             f"| {r['lost_to_preemption_usd']:,.2f} | {c.get('launches', 0)} | {c.get('preemptions', 0)} |"
         )
+    gangs = report.get("gangs")  # reports written before gangs were simulated have none
+    if gangs and gangs["tasks"]:
+        w = gangs["waits_s"]
+        lines += [
+            "",
+            f"Gangs (ours): {gangs['succeeded']}/{gangs['tasks']} finished; wait p50 {_dur(w['p50'])}, "
+            f"p95 {_dur(w['p95'])}; reservations held {gangs['reservation_gpu_hours']:,.1f} GPU-h before their "
+            f"ranks started ({gangs['reservations_timed_out']} rank reservation(s) released at the timeout).",
+        ]
     lines += [
         "",
         "## Teams (ours)",

@@ -14,23 +14,47 @@ from pathlib import Path
 
 from autoscaler.errors import InvalidInput
 
-# The largest machine in the default catalog has 8 GPUs; a trace job asking for more is
-# split into 8-GPU tasks of the same run time (gang scheduling is not modelled).
-MAX_TASK_GPUS = 8
+# GPUs of the widest machine a trace job would run on: the default catalog's first pool
+# (AWS p3.16xlarge, 8 V100). A job asking for more becomes ONE gang task of
+# ceil(gpus / 8) ranks (`gang_of`): all ranks start together, on one machine each.
+MACHINE_GPUS = 8
 
 
 @dataclass(frozen=True)
 class TraceTask:
     """One unit of work: enqueued at `arrival_s` (seconds from the trace start), runs for
-    `duration_s` once it starts, on `gpus` GPUs of one machine."""
+    `duration_s` once it starts, on `gpus` GPUs of each of `nodes` machines (a gang when
+    `nodes` > 1, enqueued with `nodes=N` as a user's multi-node task is)."""
 
     key: str
     team: str
     arrival_s: float
     duration_s: float
-    gpus: int
+    gpus: int  # per node
     queue: str = "gpu"
-    part_of: str = ""  # the trace job's key when the job was split (wider than a machine)
+    nodes: int = 1
+
+    @property
+    def total_gpus(self) -> int:
+        """The job's whole width: what it holds at once, and what its work is counted on."""
+        return self.gpus * self.nodes
+
+    @property
+    def work_gpu_s(self) -> float:
+        return self.total_gpus * self.duration_s
+
+
+def gang_of(
+    key: str, team: str, arrival_s: float, duration_s: float, gpus: int, *, machine_gpus: int = MACHINE_GPUS
+) -> TraceTask:
+    """A trace job as one task: as it is when it fits one machine, otherwise a gang of
+    ceil(gpus / machine_gpus) ranks with an equal share each. A width that does not
+    divide evenly (12 GPUs: 2 x 6) is rounded up to whole ranks (9 GPUs: 2 x 5), as a
+    user would ask for it; the trace's Philly and Alibaba wide jobs are multiples of 8."""
+    if gpus <= machine_gpus:
+        return TraceTask(key, team, arrival_s, duration_s, gpus)
+    nodes = -(-gpus // machine_gpus)
+    return TraceTask(key, team, arrival_s, duration_s, -(-gpus // nodes), nodes=nodes)
 
 
 @dataclass(frozen=True)
@@ -38,7 +62,7 @@ class Workload:
     name: str
     tasks: tuple[TraceTask, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
-    split_unit: str = "job"  # what the trace calls one of its jobs, for the split note
+    job_unit: str = "job"  # what the trace calls one of its jobs, for the gang note
 
     @property
     def teams(self) -> tuple[str, ...]:
@@ -52,32 +76,25 @@ class Workload:
             raise InvalidInput(f"--days must be positive, got {days:g}")
         cutoff = days * 86400.0
         kept = tuple(t for t in self.tasks if t.arrival_s < cutoff)
-        # The split count is the slice's own, not the whole trace's.
-        notes = [n for n in self.notes if SPLIT_MARK not in n]
-        note = split_note(kept, self.split_unit)
+        # The gang count is the slice's own, not the whole trace's.
+        notes = [n for n in self.notes if GANG_MARK not in n]
+        note = gang_note(kept, self.job_unit)
         return Workload(
-            f"{self.name} (first {days:g} days)", kept, tuple(notes + ([note] if note else [])), self.split_unit
+            f"{self.name} (first {days:g} days)", kept, tuple(notes + ([note] if note else [])), self.job_unit
         )
 
 
-SPLIT_MARK = f"wider than {MAX_TASK_GPUS} GPUs split"
+GANG_MARK = "run as gangs"
 
 
-def split_note(tasks: tuple[TraceTask, ...] | list[TraceTask], unit: str) -> str | None:
-    """How many of these tasks' trace jobs were split, in words; None if none was."""
-    n = len({t.part_of for t in tasks if t.part_of})
-    return f"{n} {unit}(s) {SPLIT_MARK} into {MAX_TASK_GPUS}-GPU tasks" if n else None
-
-
-def split_wide(key: str, team: str, arrival_s: float, duration_s: float, gpus: int) -> list[TraceTask]:
-    """A job wider than one machine becomes ceil(gpus / 8) tasks of at most 8 GPUs."""
-    if gpus <= MAX_TASK_GPUS:
-        return [TraceTask(key, team, arrival_s, duration_s, gpus)]
-    parts = -(-gpus // MAX_TASK_GPUS)
-    return [
-        TraceTask(f"{key}.{i}", team, arrival_s, duration_s, min(MAX_TASK_GPUS, gpus - i * MAX_TASK_GPUS), part_of=key)
-        for i in range(parts)
-    ]
+def gang_note(tasks: tuple[TraceTask, ...] | list[TraceTask], unit: str) -> str | None:
+    """How many of these tasks are gangs, in words; None if none is."""
+    gangs = [t for t in tasks if t.nodes > 1]
+    if not gangs:
+        return None
+    lo, hi = min(t.nodes for t in gangs), max(t.nodes for t in gangs)
+    span = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{len(gangs)} {unit}(s) wider than one machine {GANG_MARK} of {span} machines (all ranks start together)"
 
 
 KINDS = {

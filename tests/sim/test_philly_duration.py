@@ -60,10 +60,12 @@ def test_loader_durations(tmp_path: Path) -> None:
     )
     by_job: dict[str, list[float]] = {}
     for t in wl.tasks:
-        by_job.setdefault(t.part_of or t.key, []).append(t.duration_s)
+        by_job.setdefault(t.key, []).append(t.duration_s)
     assert by_job["team-1"] == [pytest.approx(1000.0)]  # 95,000 / 95
-    # 16 GPUs: 512,000 steps / (256 x 2) = 1,000 s, for each 8-GPU part (split_wide kept).
-    assert by_job["team-2"] == [pytest.approx(1000.0)] * 2
+    # 16 GPUs: 512,000 steps / (256 x 2) = 1,000 s, for the ONE gang of 2 x 8 GPUs.
+    assert by_job["team-2"] == [pytest.approx(1000.0)]
+    wide = next(t for t in wl.tasks if t.key == "team-2")
+    assert (wide.nodes, wide.gpus) == (2, 8)
     assert by_job["team-3"] == [pytest.approx(500.0)]  # 7,000 / (7 x 2)
     # The old rule (1-GPU entry) would have given 512,000 / 24 s to the 16-GPU job.
     assert 512_000 / 24.0 not in by_job["team-2"]

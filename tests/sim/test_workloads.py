@@ -18,7 +18,7 @@ FIX = Path(__file__).parent / "fixtures"
 def test_philly_excerpt() -> None:
     wl = load_workload(f"philly:{FIX / 'philly'}")
     assert wl.teams == ("0e4a51", "103959")
-    assert len(wl.tasks) >= 40  # 40 lines, wider jobs split
+    assert len(wl.tasks) == 40  # 40 lines: one task each, a wide job is one gang
     first = wl.tasks[0]
     assert first.arrival_s == 0.0 and first.gpus == 1
     # Run time = steps / throughput: the first 0e4a51 line has 95121 steps.
@@ -29,6 +29,9 @@ def test_philly_excerpt() -> None:
     t = next(t for t in wl.tasks if t.key == "0e4a51-1")
     assert t.duration_s == pytest.approx(95121 / rate)
     assert all(t.gpus <= 8 for t in wl.tasks)
+    # A job wider than a machine is ONE task of ceil(gpus / 8) ranks with all its GPUs.
+    for t in wl.tasks:
+        assert t.nodes == 1 or (t.gpus == 8 and t.nodes >= 2)
 
 
 def test_alibaba_excerpt() -> None:
@@ -105,19 +108,41 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     assert rep["usd_per_completed_gpu_hour"] > 0
 
 
-def test_split_note_counts_the_slice_not_the_whole_trace() -> None:
-    """Issue 23 item 11: "359 job(s) wider than 8 GPUs split" was printed for a one-day
-    slice of 77 tasks; the count is the slice's own jobs."""
-    from autoscaler.sim.workload import Workload, split_note, split_wide
+def test_gang_note_counts_the_slice_not_the_whole_trace() -> None:
+    """Issue 23 item 11: a note about wide jobs counted the whole trace for a one-day
+    slice; the count is the slice's own jobs."""
+    from autoscaler.sim.workload import Workload, gang_note, gang_of
 
     tasks = [
-        *split_wide("a", "t", 10.0, 60.0, 16),  # day 0: one job, two tasks
-        *split_wide("b", "t", 20.0, 60.0, 4),
-        *split_wide("c", "t", 2 * 86400.0, 60.0, 24),  # day 2
-        *split_wide("d", "t", 3 * 86400.0, 60.0, 9),
+        gang_of("a", "t", 10.0, 60.0, 16),  # day 0: one job, one gang of two ranks
+        gang_of("b", "t", 20.0, 60.0, 4),
+        gang_of("c", "t", 2 * 86400.0, 60.0, 24),  # day 2
+        gang_of("d", "t", 3 * 86400.0, 60.0, 9),
     ]
-    whole = Workload("w", tuple(tasks), ("teams note", split_note(tasks, "pod") or ""), split_unit="pod")
-    assert whole.notes[1] == "3 pod(s) wider than 8 GPUs split into 8-GPU tasks"
+    whole = Workload("w", tuple(tasks), ("teams note", gang_note(tasks, "pod") or ""), job_unit="pod")
+    assert whole.notes[1] == "3 pod(s) wider than one machine run as gangs of 2-3 machines (all ranks start together)"
     day = whole.first_days(1)
-    assert len(day.tasks) == 3 and day.notes == ("teams note", "1 pod(s) wider than 8 GPUs split into 8-GPU tasks")
-    assert whole.first_days(0.0001).notes == ("teams note",)  # no split job in the slice: no note
+    assert len(day.tasks) == 2
+    assert day.notes == (
+        "teams note",
+        "1 pod(s) wider than one machine run as gangs of 2 machines (all ranks start together)",
+    )
+    assert whole.first_days(0.0001).notes == ("teams note",)  # no gang in the slice: no note
+
+
+def test_a_wide_job_is_one_gang_with_all_its_gpus() -> None:
+    from autoscaler.sim.workload import gang_of
+
+    assert gang_of("a", "t", 0.0, 60.0, 8) == gang_of("a", "t", 0.0, 60.0, 8, machine_gpus=8)
+    assert (gang_of("a", "t", 0.0, 60.0, 8).nodes, gang_of("a", "t", 0.0, 60.0, 8).gpus) == (1, 8)
+    g = gang_of("a", "t", 0.0, 60.0, 32)
+    assert (g.nodes, g.gpus, g.total_gpus, g.work_gpu_s) == (4, 8, 32, 32 * 60.0)
+    # 12 on 8-GPU machines: two ranks of 6 (equal shares), not 8 + 4.
+    assert (gang_of("a", "t", 0.0, 60.0, 12).nodes, gang_of("a", "t", 0.0, 60.0, 12).gpus) == (2, 6)
+    # An uneven width rounds up to whole equal ranks: 9 -> 2 x 5.
+    assert gang_of("a", "t", 0.0, 60.0, 9).total_gpus == 10
+    # The machine the job would run on decides the rank size.
+    assert (
+        gang_of("a", "t", 0.0, 60.0, 16, machine_gpus=4).nodes,
+        gang_of("a", "t", 0.0, 60.0, 16, machine_gpus=4).gpus,
+    ) == (4, 4)
