@@ -356,6 +356,7 @@ class Reconciler:
                 Instance.worker_id,
                 Instance.launched_at,
                 Instance.created_at,
+                Instance.launch_request_id,
             ).where(Instance.state.not_in(INSTANCE_FINAL))
         ).all()
         workers = {
