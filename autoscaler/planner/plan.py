@@ -1066,7 +1066,8 @@ def _by_expected_cost(
     """The one place the capacity choice (planner.capacity_choice) enters the plan: the
     capacity type with the task's least expected cost, among those the policy and the
     pool allow, goes first, and within a type the offering of least expected cost (a
-    zone with a lower observed reclaim rate before a cheaper, stormier one). The rule
+    zone with a lower observed reclaim rate before a cheaper, stormier one, and one that
+    keeps the task's wait target before one that misses it). The rule
     "on-demand first after a reclaim" still goes before it for a task that restarts
     from zero."""
     profile = capacity.profile(unit.runtime_h, unit.checkpoints)
@@ -1078,7 +1079,9 @@ def _by_expected_cost(
     choice = choose(options.values(), profile, allowed, boot_h=capacity.boot_h)
     out: _Ranked = []
     for key, i, o in ranked:
-        cost = expected_cost(options[o.key], profile, boot_h=capacity.boot_h).expected_cost
+        costed = expected_cost(options[o.key], profile, boot_h=capacity.boot_h)
         escalated = key[0] if profile.checkpointing.restarts_from_zero else 0
-        out.append(((escalated, int(o.capacity_type != choice.capacity_type), cost, *key[1:]), i, o))
+        # Within the chosen type, an offering that keeps the wait target goes first.
+        first = int(o.capacity_type != choice.capacity_type)
+        out.append(((escalated, first, int(costed.misses_wait_target), costed.expected_cost, *key[1:]), i, o))
     return out, choice.reason
