@@ -83,6 +83,7 @@ class _Unit:
     memory_mb: int = 0
     runtime_h: float | None = None  # expected run time (capacity choice)
     checkpoints: str | None = None
+    reclaims_so_far: int = 0  # spent of the wait target (capacity choice)
 
     @property
     def sized(self) -> bool:
@@ -318,6 +319,7 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
             g.memory_mb,
             g.runtime_h,
             g.checkpoints,
+            g.reclaims_so_far,
         )
         runs.append((unit, g.count))
     return runs
@@ -382,7 +384,20 @@ class _OfferingChooser:
         # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
         # and the two team answers that filter offerings (most teams share them).
         self._memo: dict[
-            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int, float | None, str | None],
+            tuple[
+                str,
+                int,
+                str | None,
+                int,
+                tuple[str, ...],
+                float | None,
+                bool,
+                float,
+                int,
+                float | None,
+                str | None,
+                int,
+            ],
             _Candidates,
         ] = {}
         self._biggest: dict[str, int] = {}
@@ -457,6 +472,7 @@ class _OfferingChooser:
             unit.memory_mb,
             unit.runtime_h,
             unit.checkpoints,
+            unit.reclaims_so_far,
         )
         cands = self._memo.get(memo_key)
         if cands is None:
@@ -1070,7 +1086,7 @@ def _by_expected_cost(
     keeps the task's wait target before one that misses it). The rule
     "on-demand first after a reclaim" still goes before it for a task that restarts
     from zero."""
-    profile = capacity.profile(unit.runtime_h, unit.checkpoints)
+    profile = capacity.profile(unit.runtime_h, unit.checkpoints, unit.reclaims_so_far)
     options: dict[str, Option] = {}
     for _, _, o in ranked:
         useful = min(o.gpus, useful_cap) if o.gpus else 1
