@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 from autoscaler.sdk.body import task_body
 from autoscaler.sdk.errors import SdkError
 from autoscaler.sdk.models import CodeSource, Snapshot, TaskInfo
+from autoscaler.sdk.options import TaskOptions
 from autoscaler.sdk.settings import resolve_server, resolve_token
 from autoscaler.sdk.task import Task
 from autoscaler.sdk.transport import Transport, missing_feature
@@ -55,60 +56,20 @@ class Client:
         command: Sequence[str],
         *,
         queue: str,
-        gpus: int = 0,
-        nodes: int = 1,
-        gpu_type: str | None = None,
-        cpus: float = 0,
-        memory_mb: int = 0,
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
         working_dir: str | None = None,
-        priority: int = 0,
-        max_attempts: int = 3,
-        retry_on_exit_codes: Sequence[int] | None = None,
-        timeout_s: float | None = None,
-        team: str | None = None,
-        image: str | None = None,
-        image_pull_secret: str | None = None,
         code: CodeSource | None = None,
-        setup: str | None = None,
-        outputs: Sequence[str] | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every_s: int | None = None,
-        checkpoints: str | None = None,
-        expected_runtime_s: float | None = None,
+        **options: Unpack[TaskOptions],
     ) -> Task:
-        """Enqueue `command` (argv, no shell) and return its handle. The options are the
-        CLI's `enqueue` options; see docs/sdk.md for each."""
+        """Enqueue `command` (argv, no shell) and return its handle. `options` are the
+        CLI's `enqueue` options (`TaskOptions` in autoscaler.sdk.options: gpus, nodes,
+        gpu_type, cpus, memory_mb, env, secret_env, priority, max_attempts,
+        retry_on_exit_codes, timeout_s, team, image, image_pull_secret, setup, outputs,
+        checkpoint_dir, checkpoint_every_s, checkpoints, expected_runtime or
+        expected_runtime_s); docs/sdk.md has each."""
         if isinstance(command, str):
             # A string would be sent as one argv entry per character.
             raise SdkError(f"command must be a list of arguments, e.g. {command.split()!r}, not a string")
-        body = task_body(
-            command,
-            queue=queue,
-            gpus=gpus,
-            nodes=nodes,
-            gpu_type=gpu_type,
-            cpus=cpus,
-            memory_mb=memory_mb,
-            env=env,
-            secret_env=secret_env,
-            working_dir=working_dir,
-            priority=priority,
-            max_attempts=max_attempts,
-            retry_on_exit_codes=retry_on_exit_codes,
-            timeout_s=timeout_s,
-            team=team,
-            image=image,
-            image_pull_secret=image_pull_secret,
-            code=code,
-            setup=setup,
-            outputs=outputs,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every_s=checkpoint_every_s,
-            checkpoints=checkpoints,
-            expected_runtime_s=expected_runtime_s,
-        )
+        body = task_body(command, queue=queue, working_dir=working_dir, code=code, **options)
         return self.task(self.submit_raw(body)["id"])
 
     def task(self, task_id: str) -> Task:

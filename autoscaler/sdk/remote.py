@@ -17,15 +17,16 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, Unpack
 
 from autoscaler.errors import AutoscalerError
 from autoscaler.sdk.client import Client
 from autoscaler.sdk.errors import NotAScript, SdkError
 from autoscaler.sdk.models import CodeSource, GitCode, SnapshotCode, TaskInfo
+from autoscaler.sdk.options import TaskOptions, check_known
 from autoscaler.workload.snapshot import PackedSnapshot, git_prefix, git_state, pack_directory
 
 # Set by the agent in every task's environment (agent/runner.py).
@@ -152,24 +153,6 @@ def _fail(message: str) -> NoReturn:
 def run_remotely(
     *,
     queue: str,
-    gpus: int = 0,
-    nodes: int = 1,
-    gpu_type: str | None = None,
-    cpus: float = 0,
-    memory_mb: int = 0,
-    env: Mapping[str, str] | None = None,
-    secret_env: Mapping[str, str] | None = None,
-    priority: int = 0,
-    max_attempts: int = 3,
-    retry_on_exit_codes: Sequence[int] | None = None,
-    timeout_s: float | None = None,
-    team: str | None = None,
-    image: str | None = None,
-    image_pull_secret: str | None = None,
-    setup: str | None = None,
-    outputs: Sequence[str] | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every_s: int | None = None,
     code: CodeMode = "path",
     python: str | None = None,
     follow: bool = False,
@@ -177,45 +160,28 @@ def run_remotely(
     client: Client | None = None,
     server: str | None = None,
     token: str | None = None,
+    **options: Unpack[TaskOptions],
 ) -> None:
     """On a worker: return at once. Elsewhere: enqueue this script with this process's
     arguments, print the task id and exit 0 (with `follow=True`: print the task's
     output as it comes, then exit with the task's exit code). Errors print one line
     and exit 1. `python`: the interpreter on the worker (default: this one for
-    code='path', `python3` otherwise)."""
+    code='path', `python3` otherwise). `options` are `Client.submit`'s (`TaskOptions`:
+    gpus, checkpoints, expected_runtime, ...), but the working directory, which it sets."""
     if on_worker():
         return
     own = client is None
-    api = client or Client(server, token)
+    try:
+        check_known(options)
+        api = client or Client(server, token)
+    except AutoscalerError as exc:
+        _fail(exc.message)
     try:
         entry = entry_point()
-        working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes, team)
+        working_dir, source = code_source(code, api, entry.root, snapshot_limit_bytes, options.get("team"))
         args = entry.args if code != "git" else in_clone(entry, git_prefix(entry.root))
         interpreter = python or (sys.executable if code == "path" else "python3")
-        task = api.submit(
-            [interpreter, *args],
-            queue=queue,
-            gpus=gpus,
-            nodes=nodes,
-            gpu_type=gpu_type,
-            cpus=cpus,
-            memory_mb=memory_mb,
-            env=env,
-            secret_env=secret_env,
-            working_dir=working_dir,
-            priority=priority,
-            max_attempts=max_attempts,
-            retry_on_exit_codes=retry_on_exit_codes,
-            timeout_s=timeout_s,
-            team=team,
-            image=image,
-            image_pull_secret=image_pull_secret,
-            code=source,
-            setup=setup,
-            outputs=outputs,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every_s=checkpoint_every_s,
-        )
+        task = api.submit([interpreter, *args], queue=queue, working_dir=working_dir, code=source, **options)
         print(task.id, flush=True)
         if not follow:
             raise SystemExit(0)
