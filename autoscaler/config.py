@@ -433,11 +433,13 @@ class CapacityConfig(_Strict):
     runtime_prior_sigma: float = Field(1.0, gt=0, description="Spread of ln(run time) in the prior.")
     runtime_prior_weight: float = Field(2.0, gt=0, description="Runs of history the prior is worth.")
     boot_s: float = Field(180.0, ge=0, description="Seconds a fresh machine takes to boot and take the task.")
+    # Off by default: measured on the Philly traces, a 30 min target keeps long
+    # checkpointing tasks on on-demand and triples their cost (docs/capacity.md).
     wait_target_s: float | None = Field(
         None,
         gt=0,
-        description="Wait target (seconds): a task that would miss it on spot after a reclaim gets on-demand; "
-        "None: no target.",
+        description="Wait target (seconds of a task's wait, summed over its attempts): a task cheaper on spot "
+        "whose boots after reclaims would pass it (chance over 5 %) gets on-demand; null (default): no target.",
     )
     enabled: bool = Field(True, description="False: the pool's capacity-type order alone decides (spot first).")
 

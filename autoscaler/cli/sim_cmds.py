@@ -60,6 +60,14 @@ def simulate(
             help="What-if: every task declares its true run time at enqueue (default: estimated from history).",
         ),
     ] = False,
+    wait_target: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-target",
+            min=0.1,
+            help="What-if: minutes of accumulated wait a task may spend (capacity.wait_target_s); spot that would pass it gives way to on-demand. Default: the config's (off).",
+        ),
+    ] = None,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
@@ -75,6 +83,9 @@ def simulate(
     if not wl.tasks:
         raise InvalidInput(f"--workload {workload}: no tasks to simulate (check --days)")
     cfg = load_config(config) if config else default_config(wl.teams)
+    if wait_target is not None:
+        capacity = cfg.capacity.model_copy(update={"wait_target_s": wait_target * 60.0})
+        cfg = cfg.model_copy(update={"capacity": capacity})
     from autoscaler.sim.baselines import too_wide
 
     if wide := too_wide(wl, cfg):

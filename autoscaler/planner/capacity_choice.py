@@ -15,18 +15,26 @@ expected run time of `d` hours, a reclaim rate of `r` per instance-hour and a bo
   `L = b + lost`. Billed time `T` satisfies `T = d + r T L`, so the cost is
   `p (b + d / (1 - r L))` (infinite when `r L >= 1`: it would never finish).
 
-The cheaper one wins, among the capacity types the policy allows only. A task that
-would be cheaper on spot but would miss its wait target there goes on-demand: after a
-reclaim it waits for a fresh boot (`b`), so if `b` is beyond the wait target and the
-chance of at least one reclaim, `1 - e^(-r d)`, is beyond `WAIT_MISS_SHARE` (the 5 %
-a p95 wait target tolerates), spot would miss it.
+The cheaper one wins, among the capacity types the policy allows only.
+
+The wait target: a task's wait is all the time it spends queued over its attempts:
+the first boot, then one fresh boot per reclaim (the task stops at the notice and
+waits for the replacement). With `N` reclaims its wait is about `b (1 + k + N)`, `k`
+the reclaims it has already lived through. `N` is Poisson of mean `r T` for a task
+that checkpoints (`T` the billed time above) and geometric for one that restarts
+from zero (each attempt is reclaimed with chance `q = 1 - e^(-r d)`). Spot misses a
+target `W` when the chance that the wait passes `W` is above `WAIT_MISS_SHARE` (the
+5 % a p95 target tolerates): with `n = floor(W / b) - 1 - k` more reclaims allowed,
+`P(N > n) > 5 %`. A task cheaper on spot that would miss the target there goes
+on-demand (one boot, never reclaimed), unless on-demand misses it too (`b > W`); a
+calmer spot zone that keeps the target goes before a cheaper one that misses it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 SPOT, ON_DEMAND = "spot", "on_demand"
@@ -80,11 +88,14 @@ class Checkpointing:
 @dataclass(frozen=True, slots=True)
 class TaskProfile:
     """What the choice knows of a task: its expected run time (declared or estimated,
-    hours), how it checkpoints, and its wait target (hours; None: none)."""
+    hours), how it checkpoints, its wait target (hours of accumulated wait; None: none)
+    and the reclaims it has already waited through."""
 
     runtime_h: float
     checkpointing: Checkpointing = Checkpointing()
     wait_target_h: float | None = None
+    # Reclaims the task has already lived through: each cost it one boot of its wait.
+    reclaims_so_far: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +114,10 @@ class CapacityModel:
     def rate(self, key: str) -> float:
         return self.reclaim_rates.get(key, self.prior_rate)
 
-    def profile(self, runtime_h: float | None, checkpoints: str | None) -> TaskProfile:
+    def profile(self, runtime_h: float | None, checkpoints: str | None, reclaims_so_far: int = 0) -> TaskProfile:
         spec = Checkpointing.parse(checkpoints) if checkpoints else Checkpointing()
-        return TaskProfile(runtime_h if runtime_h else self.default_runtime_h, spec, self.wait_target_h)
+        runtime = runtime_h if runtime_h else self.default_runtime_h
+        return TaskProfile(runtime, spec, self.wait_target_h, max(reclaims_so_far, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +137,8 @@ class Costed:
     expected_cost: float  # USD for the whole task
     expected_reclaims: float
     misses_wait_target: bool
+    # The chance the task's accumulated wait passes its target here (0 without one).
+    wait_miss_chance: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,28 +160,67 @@ def expected_cost(option: Option, profile: TaskProfile, *, boot_h: float) -> Cos
     d, p, b = max(profile.runtime_h, 0.0), option.hourly_price, max(boot_h, 0.0)
     r = option.reclaim_rate if option.capacity_type == SPOT else 0.0
     if r <= 1e-12:
-        return Costed(option, p * (b + d), 0.0, False)
+        return _with_wait(Costed(option, p * (b + d), 0.0, False), profile, b, lambda n: 0.0)
     if profile.checkpointing.restarts_from_zero:
         grow = math.expm1(min(r * d, 700.0))  # e^(r d) - 1, kept finite
-        cost, reclaims = p * (b + grow / r), grow
-    else:
-        lost = b + profile.checkpointing.lost_h_per_reclaim
-        if r * lost >= 1.0:
-            cost, reclaims = math.inf, math.inf
-        else:
-            billed = d / (1.0 - r * lost)
-            cost, reclaims = p * (b + billed), r * billed
-    target = profile.wait_target_h
-    misses = target is not None and b > target and -math.expm1(-r * d) > WAIT_MISS_SHARE
-    return Costed(option, cost, reclaims, misses)
+        q = -math.expm1(-r * d)  # the chance one attempt is reclaimed
+        return _with_wait(Costed(option, p * (b + grow / r), grow, False), profile, b, lambda n: q ** (n + 1))
+    lost = b + profile.checkpointing.lost_h_per_reclaim
+    if r * lost >= 1.0:
+        return Costed(option, math.inf, math.inf, profile.wait_target_h is not None, 1.0)
+    billed = d / (1.0 - r * lost)
+    return _with_wait(Costed(option, p * (b + billed), r * billed, False), profile, b, _poisson_tail(r * billed))
+
+
+def wait_allowance(profile: TaskProfile, boot_h: float) -> int | None:
+    """More reclaims the task's wait target allows: `floor(W / b) - 1 - k` (the first
+    boot and the `k` reclaims so far are spent); None without a target or a boot; -1
+    when even the first boot passes it."""
+    target, b = profile.wait_target_h, max(boot_h, 0.0)
+    if target is None or b <= 1e-12:
+        return None
+    if b > target:
+        return -1
+    # The small epsilon keeps W / b = 10.0 at 10 when floats make it 9.999...
+    return max(math.floor(target / b + 1e-9) - 1 - profile.reclaims_so_far, -1)
+
+
+def _with_wait(c: Costed, profile: TaskProfile, boot_h: float, tail: Callable[[int], float]) -> Costed:
+    """`c` with its chance of passing the wait target: `tail(n)` is `P(N > n)`."""
+    n = wait_allowance(profile, boot_h)
+    if n is None:
+        return c
+    chance = 1.0 if n < 0 else min(max(tail(n), 0.0), 1.0)
+    return replace(c, misses_wait_target=chance > WAIT_MISS_SHARE, wait_miss_chance=chance)
+
+
+def _poisson_tail(mean: float) -> Callable[[int], float]:
+    """`n -> P(N > n)` for N Poisson of `mean` (summed pmf; exact enough for n < 10^5)."""
+
+    def tail(n: int) -> float:
+        if mean <= 0.0:
+            return 0.0
+        if n > 100_000:
+            return 0.0 if mean < n / 2 else 1.0
+        term = cdf = math.exp(-mean) if mean < 700 else 0.0
+        if term == 0.0:
+            return 1.0 if n < mean else 0.0  # underflow: the mass is far above n
+        for i in range(1, n + 1):
+            term *= mean / i
+            cdf += term
+        return max(1.0 - cdf, 0.0)
+
+    return tail
 
 
 def choose(options: Iterable[Option], profile: TaskProfile, allowed: Collection[str], *, boot_h: float) -> Choice:
     """The capacity type with the least expected cost among `allowed`; spot on a tie
-    (it is also the pool's default order). Options of other types are never picked."""
+    (it is also the pool's default order). Options of other types are never picked.
+    Within a type an option that keeps the wait target goes before one that misses it;
+    spot cheaper than on-demand but missing the target loses to an on-demand that keeps it."""
     costed = [expected_cost(o, profile, boot_h=boot_h) for o in options if o.capacity_type in allowed]
-    spot = min((c for c in costed if c.option.capacity_type == SPOT), key=_cost_key, default=None)
-    od = min((c for c in costed if c.option.capacity_type == ON_DEMAND), key=_cost_key, default=None)
+    spot = min((c for c in costed if c.option.capacity_type == SPOT), key=_rank_key, default=None)
+    od = min((c for c in costed if c.option.capacity_type == ON_DEMAND), key=_rank_key, default=None)
     what = f"~{profile.runtime_h:.2g} h, checkpoints {profile.checkpointing}"
     if spot is None and od is None:
         return Choice(None, None, None, f"no offering of an allowed capacity type ({', '.join(sorted(allowed))})")
@@ -178,23 +231,32 @@ def choose(options: Iterable[Option], profile: TaskProfile, allowed: Collection[
         f"spot {spot.expected_cost:.2f} USD at reclaim rate {spot.option.reclaim_rate:.3g}/h "
         f"({spot.expected_reclaims:.2g} reclaims expected)"
     )
+    wait_core = _wait_words(spot, profile, boot_h)
+    wait = f"; {wait_core}" if wait_core else ""
     if od is None:
-        return Choice(SPOT, spot, None, f"spot: the only allowed capacity type ({what}; {spot_words})")
+        return Choice(SPOT, spot, None, f"spot: the only allowed capacity type ({what}; {spot_words}{wait})")
     od_words = f"on-demand {od.expected_cost:.2f} USD"
-    if spot.misses_wait_target and spot.expected_cost < od.expected_cost:
-        assert profile.wait_target_h is not None
+    if spot.misses_wait_target and not od.misses_wait_target and spot.expected_cost < od.expected_cost:
         return Choice(
-            ON_DEMAND,
-            spot,
-            od,
-            f"on-demand: spot is cheaper ({spot_words} vs {od_words}) but a reclaim would wait "
-            f"{boot_h * 60:.0f} min for a fresh boot, past the wait target of {profile.wait_target_h * 60:.0f} min "
-            f"({what})",
+            ON_DEMAND, spot, od, f"on-demand: spot is cheaper ({spot_words} vs {od_words}) but {wait_core} ({what})"
         )
     if spot.expected_cost <= od.expected_cost:
-        return Choice(SPOT, spot, od, f"spot: expected {spot_words} vs {od_words} ({what})")
+        return Choice(SPOT, spot, od, f"spot: expected {spot_words} vs {od_words}{wait} ({what})")
     return Choice(ON_DEMAND, spot, od, f"on-demand: expected {od_words} vs {spot_words} ({what})")
 
 
-def _cost_key(c: Costed) -> tuple[float, float, str]:
-    return (c.expected_cost, c.option.hourly_price, c.option.key)
+def _wait_words(spot: Costed, profile: TaskProfile, boot_h: float) -> str:
+    """The wait target's numbers for a reason: '' without a target."""
+    n, target = wait_allowance(profile, boot_h), profile.wait_target_h
+    if n is None or target is None:
+        return ""
+    verdict = "would pass" if spot.misses_wait_target else "keeps"
+    return (
+        f"on spot its wait {verdict} the wait target of {target * 60:.0f} min: each reclaim waits a "
+        f"{boot_h * 60:.0f} min boot, {max(n, 0)} more allowed after {profile.reclaims_so_far} so far, "
+        f"chance of more {spot.wait_miss_chance:.1%} (a p95 target tolerates {WAIT_MISS_SHARE:.0%})"
+    )
+
+
+def _rank_key(c: Costed) -> tuple[bool, float, float, str]:
+    return (c.misses_wait_target, c.expected_cost, c.option.hourly_price, c.option.key)

@@ -49,6 +49,9 @@ class DemandGroup:
     # (none | on-signal | every:MIN; None: none): the capacity choice's input.
     runtime_h: float | None = None
     checkpoints: str | None = None
+    # Machine-caused ends these tasks already waited through (counted for tasks a spot
+    # reclaim requeued; 0 otherwise): each cost one boot of their wait target.
+    reclaims_so_far: int = 0
     # A multi-node task (a gang) is a group of its own (`count` 1): `gang` is its task
     # id, `nodes` its ranks (one per machine) and `reserved` the ranks it already holds,
     # so it wants `nodes - reserved` more machines, all in one pool. None: single-node.

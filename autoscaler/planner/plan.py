@@ -83,6 +83,7 @@ class _Unit:
     memory_mb: int = 0
     runtime_h: float | None = None  # expected run time (capacity choice)
     checkpoints: str | None = None
+    reclaims_so_far: int = 0  # spent of the wait target (capacity choice)
 
     @property
     def sized(self) -> bool:
@@ -344,6 +345,7 @@ def _runs(demand: Iterable[DemandGroup], queues: dict[str, QueueView], inp: Plan
             g.memory_mb,
             g.runtime_h,
             g.checkpoints,
+            g.reclaims_so_far,
         )
         runs.append((unit, g.count))
     return runs
@@ -408,7 +410,20 @@ class _OfferingChooser:
         # Keyed by what the list depends on: the pool, the shape, the useful-GPU cap
         # and the two team answers that filter offerings (most teams share them).
         self._memo: dict[
-            tuple[str, int, str | None, int, tuple[str, ...], float | None, bool, float, int, float | None, str | None],
+            tuple[
+                str,
+                int,
+                str | None,
+                int,
+                tuple[str, ...],
+                float | None,
+                bool,
+                float,
+                int,
+                float | None,
+                str | None,
+                int,
+            ],
             _Candidates,
         ] = {}
         self._biggest: dict[str, int] = {}
@@ -483,6 +498,7 @@ class _OfferingChooser:
             unit.memory_mb,
             unit.runtime_h,
             unit.checkpoints,
+            unit.reclaims_so_far,
         )
         cands = self._memo.get(memo_key)
         if cands is None:
@@ -1270,10 +1286,11 @@ def _by_expected_cost(
     """The one place the capacity choice (planner.capacity_choice) enters the plan: the
     capacity type with the task's least expected cost, among those the policy and the
     pool allow, goes first, and within a type the offering of least expected cost (a
-    zone with a lower observed reclaim rate before a cheaper, stormier one). The rule
+    zone with a lower observed reclaim rate before a cheaper, stormier one, and one that
+    keeps the task's wait target before one that misses it). The rule
     "on-demand first after a reclaim" still goes before it for a task that restarts
     from zero."""
-    profile = capacity.profile(unit.runtime_h, unit.checkpoints)
+    profile = capacity.profile(unit.runtime_h, unit.checkpoints, unit.reclaims_so_far)
     options: dict[str, Option] = {}
     for _, _, o in ranked:
         useful = min(o.gpus, useful_cap) if o.gpus else 1
@@ -1282,7 +1299,9 @@ def _by_expected_cost(
     choice = choose(options.values(), profile, allowed, boot_h=capacity.boot_h)
     out: _Ranked = []
     for key, i, o in ranked:
-        cost = expected_cost(options[o.key], profile, boot_h=capacity.boot_h).expected_cost
+        costed = expected_cost(options[o.key], profile, boot_h=capacity.boot_h)
         escalated = key[0] if profile.checkpointing.restarts_from_zero else 0
-        out.append(((escalated, int(o.capacity_type != choice.capacity_type), cost, *key[1:]), i, o))
+        # Within the chosen type, an offering that keeps the wait target goes first.
+        first = int(o.capacity_type != choice.capacity_type)
+        out.append(((escalated, first, int(costed.misses_wait_target), costed.expected_cost, *key[1:]), i, o))
     return out, choice.reason

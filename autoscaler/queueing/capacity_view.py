@@ -62,7 +62,8 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
     table = admission_store.load(session)
     team_allows = set(table.of(task.team).allowed_capacity_types) if table is not None else {"spot", "on_demand"}
     runtime_h = (task.runtime_estimate or {}).get("mean_h")
-    profile = model.profile(float(runtime_h) if runtime_h else None, task.checkpoints)
+    # Every machine-caused end so far (a reclaim mostly) cost the task one boot of wait.
+    profile = model.profile(float(runtime_h) if runtime_h else None, task.checkpoints, task.interruptions or 0)
     choice = choose(options, profile, team_allows & allowed_by_pools, boot_h=model.boot_h)
     chosen = choice.chosen
     return {
@@ -71,5 +72,8 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
         "expected_cost_usd": round(chosen.expected_cost, 4) if chosen else None,
         "spot_expected_cost_usd": round(choice.best_spot.expected_cost, 4) if choice.best_spot else None,
         "on_demand_expected_cost_usd": round(choice.best_on_demand.expected_cost, 4) if choice.best_on_demand else None,
+        "wait_target_s": round(profile.wait_target_h * 3600.0, 1) if profile.wait_target_h else None,
+        "reclaims_so_far": profile.reclaims_so_far,
+        "spot_wait_miss_chance": round(choice.best_spot.wait_miss_chance, 6) if choice.best_spot else None,
         "reason": choice.reason,
     }

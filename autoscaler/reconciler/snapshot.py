@@ -357,9 +357,10 @@ def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:
 
 
 # A demand row: queue, team, gpus, gpu_type, priority, after_reclaim, cpus, memory_mb,
-# run-time class, checkpoints, as stored (None kept apart from 0, as the GROUP BY kept them).
+# run-time class, checkpoints, as stored (None kept apart from 0, as the GROUP BY kept
+# them), and the interruptions of tasks a reclaim requeued (0 for the others).
 _DemandKey = tuple[
-    str, str, int | None, str | None, int | None, bool, float | None, int | None, float | None, str | None
+    str, str, int | None, str | None, int | None, bool, float | None, int | None, float | None, str | None, int
 ]
 
 
@@ -425,12 +426,56 @@ def _demand_key(shape: Sequence[Any]) -> _DemandKey:
     """A row of `_shape_columns` as a demand key: the end reason folded to "after a
     spot reclaim or not", moved after priority."""
     queue, team, gpus, gpu_type, priority, cpus, memory_mb, runtime_s, checkpoints, end_reason = shape
-    reclaimed = end_reason == "interrupted:spot"
-    return (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints)
+    reclaimed = end_reason == RECLAIMED
+    return (queue, team, gpus, gpu_type, priority, reclaimed, cpus, memory_mb, runtime_s, checkpoints, 0)
+
+
+RECLAIMED = "interrupted:spot"
+
+
+def _reclaimed_query() -> Select[*tuple[Any, ...]]:
+    """Tasks a spot reclaim requeued, by shape and interruptions so far: the capacity
+    choice counts each interruption as one boot spent of the task's wait target. A
+    separate query (few rows: only tasks requeued by a reclaim), so the demand query
+    stays on its covering index."""
+    shape = _shape_columns()
+    return (
+        select(*shape, Task.interruptions, func.sum(Task.nodes), func.min(Task.sort_key))
+        .where(*_QUEUED_DEMAND, Task.end_reason == RECLAIMED, Task.nodes < 2)
+        .group_by(*shape, Task.interruptions)
+    )
+
+
+def _split_by_reclaims(
+    counts: dict[_DemandKey, int], oldest_of: dict[_DemandKey, datetime | None], session: Session
+) -> None:
+    """Move tasks a reclaim requeued into groups by their interruptions so far; the
+    group of those with none keeps the oldest sort key of its own tasks only."""
+    left_oldest: dict[_DemandKey, datetime | None] = {}
+    split: set[_DemandKey] = set()
+    for *columns, interruptions, n, oldest in session.execute(_reclaimed_query()):
+        base = _demand_key(columns)
+        if base not in counts:
+            continue
+        if not interruptions:
+            first = left_oldest.get(base)
+            left_oldest[base] = oldest if first is None or (oldest is not None and oldest < first) else first
+            continue
+        moved = min(int(n), counts[base])
+        if moved <= 0:
+            continue
+        key = (*base[:-1], int(interruptions))
+        counts[base] -= moved
+        counts[key] = counts.get(key, 0) + moved
+        first = oldest_of.get(key)
+        oldest_of[key] = oldest if first is None or (oldest is not None and oldest < first) else first
+        split.add(base)
+    for base in split:
+        oldest_of[base] = left_oldest.get(base)
 
 
 def _group(key: _DemandKey, count: int, oldest: datetime | None, **gang: Any) -> DemandGroup:
-    q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints = key
+    q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints, reclaims = key
     return DemandGroup(
         q,
         t,
@@ -444,6 +489,7 @@ def _group(key: _DemandKey, count: int, oldest: datetime | None, **gang: Any) ->
         int(mem or 0),
         float(runtime_s) / 3600.0 if runtime_s else None,
         checkpoints,
+        reclaims,
         **gang,
     )
 
@@ -480,6 +526,7 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
             key = _demand_key(columns)
             first = oldest_of.get(key)
             oldest_of[key] = oldest if first is None or (oldest is not None and oldest < first) else first
+    _split_by_reclaims(counts, oldest_of, session)
     for key in [k for k, n in counts.items() if n <= 0]:
         del counts[key], oldest_of[key]
     groups = [

@@ -14,6 +14,7 @@ for a field it does not know).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -43,7 +44,8 @@ class RemoteOptions(TypedDict, total=False):
     checkpoint_dir: str | None  # a directory kept across attempts
     checkpoint_every_s: int | None  # how often that directory is saved
     checkpoints: str | None  # what the task survives: none, on-signal, every:MIN
-    expected_runtime_s: float | None  # how long it runs; default: estimated from earlier runs
+    expected_runtime: str | float | None  # how long it runs, as --expected-runtime takes it: "45m", "6h", or seconds
+    expected_runtime_s: float | None  # the same in seconds (one of the two); default: estimated from earlier runs
 
 
 class TaskOptions(RemoteOptions, total=False):
@@ -88,9 +90,41 @@ def check_options(options: Mapping[str, Any], allowed: frozenset[str]) -> None:
         )
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration_s(value: str | float, *, what: str = "expected_runtime") -> float:
+    """Seconds from `"45m"`, `"6h"`, `"90s"`, `"2d"`, `"3600"` or a number; an SdkError
+    saying what is accepted otherwise (positive and finite only)."""
+    try:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            seconds = float(text[:-1]) * _UNITS[text[-1]] if text and text[-1] in _UNITS else float(text)
+        else:
+            seconds = float(value)
+    except (ValueError, TypeError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise SdkError(f"{what} {value!r} is not a duration; use e.g. 90s, 45m, 6h, 2d or a number of seconds")
+    return seconds
+
+
+def _runtime_s(given: dict[str, Any]) -> float | None:
+    """The expected run time in seconds from `expected_runtime` or `expected_runtime_s`
+    (None: neither, left to the server's estimate); both are taken out of `given`."""
+    text, seconds = given.pop("expected_runtime", None), given.pop("expected_runtime_s", None)
+    if text is not None and seconds is not None:
+        raise SdkError("give expected_runtime (a duration such as '6h') or expected_runtime_s (seconds), not both")
+    if text is not None:
+        return duration_s(text)
+    # Seconds go as given: the server checks them and names the field when it refuses.
+    return None if seconds is None else float(seconds)
+
+
 def task_body(command: Sequence[str], *, queue: str, **options: Unpack[TaskOptions]) -> dict[str, Any]:
     check_options(options, TASK_OPTION_NAMES)
     given: dict[str, Any] = dict(options)
+    given["expected_runtime_s"] = _runtime_s(given)
     body: dict[str, Any] = {"queue": queue, "command": list(command)}
     body.update({k: given.pop(k, default) for k, default in _ALWAYS_SENT.items()})
     retry = body["retry_on_exit_codes"]

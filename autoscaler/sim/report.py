@@ -30,6 +30,8 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
             "expected_runtime_known": st.expected_runtime_known,
             "reconcile_interval_s": cfg.reconcile.interval_s,
             "pools": [p.name for p in cfg.pools],
+            # Only when set (`--wait-target`), so a default run's report is as before.
+            **({"wait_target_s": cfg.capacity.wait_target_s} if cfg.capacity.wait_target_s is not None else {}),
         },
         "simulation": {
             "wall_s": round(outcome.wall_s, 2),

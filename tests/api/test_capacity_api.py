@@ -16,12 +16,23 @@ from autoscaler.state.models import Instance, InstanceEvent, Task, TaskAttempt, 
 from tests.conftest import issue_token, make_context
 
 
-@pytest.fixture
-def world(config, sessions, clock: ManualClock):
+def _world(config, sessions, clock: ManualClock):
     ctx = make_context(config, sessions, clock)
     client = TestClient(create_app(ctx))
     vision = {"Authorization": f"Bearer {issue_token(ctx, 'team', team='vision')}"}
     return ctx, client, vision
+
+
+@pytest.fixture
+def world(config, sessions, clock: ManualClock):
+    return _world(config, sessions, clock)
+
+
+@pytest.fixture
+def wait_world(config, sessions, clock: ManualClock):
+    """The same with a 30 min wait target (off by default)."""
+    capacity = config.capacity.model_copy(update={"wait_target_s": 1800.0})
+    return _world(config.model_copy(update={"capacity": capacity}), sessions, clock)
 
 
 def _enqueue(client: TestClient, headers: dict[str, str], **body: object) -> dict:
@@ -97,8 +108,16 @@ def test_without_a_declaration_the_run_time_comes_from_earlier_runs_of_the_same_
     assert 3.0 < est["mean_h"] < 8.0 and est["p10_h"] < est["mean_h"] < est["p90_h"]
 
 
-def test_task_why_says_spot_or_on_demand_with_the_numbers(world) -> None:
+def test_without_a_wait_target_a_long_checkpointing_task_goes_where_it_costs_least(world) -> None:
     _, client, vision = world
+    saved = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
+    why = client.get(f"/api/v1/tasks/{saved['id']}/why", headers=vision).json()["capacity"]
+    assert why["capacity_type"] == "spot" and why["wait_target_s"] is None
+    assert why["spot_expected_cost_usd"] < why["on_demand_expected_cost_usd"]
+
+
+def test_task_why_says_spot_or_on_demand_with_the_numbers(wait_world) -> None:
+    _, client, vision = wait_world
     short = _enqueue(client, vision, expected_runtime_s=3600)
     long = _enqueue(client, vision, expected_runtime_s=30 * 3600)
     saved = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
@@ -110,7 +129,31 @@ def test_task_why_says_spot_or_on_demand_with_the_numbers(world) -> None:
     assert long_why["on_demand_expected_cost_usd"] == pytest.approx(30.05)
     assert long_why["spot_expected_cost_usd"] == pytest.approx(0.4 * (0.05 + 5576.78), rel=1e-4)
     assert "on-demand" in long_why["reason"]
-    assert why[saved["id"]]["capacity"]["capacity_type"] == "spot"
+    # 30 h on-signal is cheaper on spot, but 7.3 reclaims expected at 0.24/h, each a 3 min
+    # boot, pass a 30 min wait target with a 20 % chance: on-demand, saying so.
+    saved_why = why[saved["id"]]["capacity"]
+    assert saved_why["capacity_type"] == "on_demand" and saved_why["wait_target_s"] == 1800
+    assert saved_why["spot_expected_cost_usd"] < saved_why["on_demand_expected_cost_usd"]
+    assert saved_why["spot_wait_miss_chance"] == pytest.approx(0.1998, abs=1e-3)
+    assert "would pass the wait target of 30 min" in saved_why["reason"]
+
+
+def test_task_why_counts_the_reclaims_a_task_already_waited_through(wait_world) -> None:
+    ctx, client, vision = wait_world
+    # 10 h on-signal: 2.4 reclaims expected, P(more than 9) = 0.02 %: spot.
+    task = _enqueue(client, vision, expected_runtime_s=10 * 3600, checkpoints="on-signal")
+    fresh = client.get(f"/api/v1/tasks/{task['id']}/why", headers=vision).json()["capacity"]
+    assert fresh["capacity_type"] == "spot" and fresh["reclaims_so_far"] == 0
+    # After 8 interruptions it has waited 9 boots of its 30 min: one more is allowed,
+    # P(more than 1) = 70 %: on-demand.
+    with transaction(ctx.sessions) as s:
+        row = s.get(Task, task["id"])
+        assert row is not None
+        row.interruptions = 8
+    again = client.get(f"/api/v1/tasks/{task['id']}/why", headers=vision).json()["capacity"]
+    assert again["capacity_type"] == "on_demand" and again["reclaims_so_far"] == 8
+    assert again["spot_wait_miss_chance"] == pytest.approx(0.698, abs=1e-3)
+    assert "1 more allowed after 8 so far" in again["reason"]
 
 
 def test_metrics_show_the_observed_reclaim_rate_per_offering(world) -> None:

@@ -87,19 +87,85 @@ def test_a_lower_reclaim_rate_wins_among_spot_offerings_of_equal_price() -> None
     assert c.best_spot is not None and c.best_spot.option is calm
 
 
-def test_cheaper_on_spot_but_past_the_wait_target_goes_on_demand() -> None:
-    # 4 h at 0.24/h: a reclaim is likely (1 - e^-0.96 = 62 %); a reclaim waits a 20 min
-    # boot, past a 15 min target.
-    prof = TaskProfile(4.0, Checkpointing.parse("on-signal"), wait_target_h=0.25)
-    c = choose([OD, SPOT_A], prof, BOTH, boot_h=1 / 3)
+# The wait target's cases: 30 min of accumulated wait, 3 min boots (0.05 h): the first
+# boot and 9 reclaims fit (floor(0.5 / 0.05) - 1 = 9 more reclaims allowed).
+HALF_HOUR = 0.5
+ON_SIGNAL = Checkpointing.parse("on-signal")
+
+
+def test_a_checkpointing_task_whose_reclaims_would_pass_the_wait_target_goes_on_demand() -> None:
+    # 30 h on-signal at 0.24/h: T = 30 / (1 - 0.24 x 0.05) = 30.364 h billed, N Poisson of
+    # mean 0.24 x 30.364 = 7.287; P(N > 9) = 1 - sum_{i<=9} e^-7.287 7.287^i / i! = 19.98 %,
+    # past 5 %. Spot is cheaper (27.92 vs 91.95 USD) but misses: on-demand.
+    c = choose([OD, SPOT_A], TaskProfile(30.0, ON_SIGNAL, HALF_HOUR), BOTH, boot_h=0.05)
     assert c.best_spot is not None and c.best_on_demand is not None
-    assert c.best_spot.expected_cost < c.best_on_demand.expected_cost
+    assert c.best_spot.expected_cost == pytest.approx(27.920, abs=1e-3)
+    assert c.best_spot.wait_miss_chance == pytest.approx(0.19981, abs=1e-4)
     assert c.capacity_type == ON_DEMAND
-    assert "wait target of 15 min" in c.reason
-    # A fast boot keeps it on spot, and so does a reclaim too unlikely to matter.
-    assert choose([OD, SPOT_A], prof, BOTH, boot_h=0.1).capacity_type == SPOT
-    rare = Option("spot/p3.2xlarge/c", SPOT, 0.918, 0.005)
-    assert choose([OD, rare], TaskProfile(4.0, wait_target_h=0.25), BOTH, boot_h=1 / 3).capacity_type == SPOT
+    assert "spot is cheaper (spot 27.92 USD" in c.reason and "on-demand 91.95 USD" in c.reason
+    assert "would pass the wait target of 30 min" in c.reason and "9 more allowed after 0 so far" in c.reason
+    assert "chance of more 20.0%" in c.reason
+
+
+def test_a_shorter_checkpointing_task_keeps_the_wait_target_on_spot() -> None:
+    # 10 h: mean 0.24 x 10.121 = 2.429 reclaims; P(N > 9) = 0.022 %: spot, 9.34 vs 30.75 USD.
+    c = choose([OD, SPOT_A], TaskProfile(10.0, ON_SIGNAL, HALF_HOUR), BOTH, boot_h=0.05)
+    assert c.capacity_type == SPOT
+    assert c.best_spot is not None and c.best_spot.wait_miss_chance == pytest.approx(2.2158e-4, rel=1e-3)
+    assert "keeps the wait target of 30 min" in c.reason and "chance of more 0.0%" in c.reason
+
+
+def test_a_repeatedly_reclaimed_task_goes_on_demand_when_its_wait_would_pass_the_target() -> None:
+    # The same 10 h task after 8 reclaims has waited 9 boots (27 min): one more reclaim
+    # is allowed; P(N > 1) = 1 - e^-2.429 (1 + 2.429) = 69.8 %: on-demand.
+    prof = TaskProfile(10.0, ON_SIGNAL, HALF_HOUR, reclaims_so_far=8)
+    c = choose([OD, SPOT_A], prof, BOTH, boot_h=0.05)
+    assert c.best_spot is not None and c.best_spot.wait_miss_chance == pytest.approx(0.69785, abs=1e-4)
+    assert c.capacity_type == ON_DEMAND
+    assert "1 more allowed after 8 so far" in c.reason
+    # Nine reclaims so far: none more allowed, the next one passes the target for sure.
+    gone = choose([OD, SPOT_A], TaskProfile(10.0, ON_SIGNAL, HALF_HOUR, reclaims_so_far=9), BOTH, boot_h=0.05)
+    assert gone.capacity_type == ON_DEMAND and gone.best_spot is not None
+    assert gone.best_spot.wait_miss_chance == pytest.approx(1 - math.exp(-0.24 * 10 / (1 - 0.24 * 0.05)))
+
+
+def test_restart_from_zero_counts_its_reclaims_as_geometric() -> None:
+    # Each attempt is reclaimed with q = 1 - e^(-0.24 d); P(N > 9) = q^10.
+    # 5 h: q = 0.6988, q^10 = 2.78 %: spot (8.92 vs 15.45 USD).
+    five = choose([OD, SPOT_A], TaskProfile(5.0, wait_target_h=HALF_HOUR), BOTH, boot_h=0.05)
+    assert five.capacity_type == SPOT
+    assert five.best_spot is not None and five.best_spot.wait_miss_chance == pytest.approx(0.027769, abs=1e-5)
+    # 7 h: q = 0.8136, q^10 = 12.7 %: spot is cheaper (16.74 vs 21.57 USD) but misses.
+    seven = choose([OD, SPOT_A], TaskProfile(7.0, wait_target_h=HALF_HOUR), BOTH, boot_h=0.05)
+    assert seven.best_spot is not None and seven.best_spot.expected_cost == pytest.approx(16.744, abs=1e-3)
+    assert seven.best_spot.wait_miss_chance == pytest.approx(0.12713, abs=1e-4)
+    assert seven.capacity_type == ON_DEMAND
+
+
+def test_a_calmer_zone_that_keeps_the_target_goes_before_a_cheaper_one_that_misses() -> None:
+    # At 0.05/h and 1.00 USD/h, 30 h is 1.50 reclaims expected, P(N > 9) = 4e-6: it keeps
+    # the target at 30.13 USD, dearer than the stormy zone's 27.92 but far below on-demand.
+    calm = Option("spot/p3.2xlarge/b", SPOT, 1.0, 0.05)
+    c = choose([OD, SPOT_A, calm], TaskProfile(30.0, ON_SIGNAL, HALF_HOUR), BOTH, boot_h=0.05)
+    assert c.capacity_type == SPOT
+    assert c.best_spot is not None and c.best_spot.option is calm
+    assert c.best_spot.expected_cost == pytest.approx(30.125, abs=1e-3)
+
+
+def test_a_boot_past_the_target_misses_it_on_demand_too_so_cost_decides() -> None:
+    # A 20 min boot against a 15 min target: the first boot alone passes it on either
+    # capacity type, so the wait gives no reason to pay for on-demand.
+    prof = TaskProfile(4.0, ON_SIGNAL, wait_target_h=0.25)
+    c = choose([OD, SPOT_A], prof, BOTH, boot_h=1 / 3)
+    assert c.best_on_demand is not None and c.best_on_demand.misses_wait_target
+    assert c.capacity_type == SPOT
+
+
+def test_without_a_target_or_a_boot_the_wait_changes_nothing() -> None:
+    prof = TaskProfile(30.0, ON_SIGNAL)
+    assert choose([OD, SPOT_A], prof, BOTH, boot_h=0.05).capacity_type == SPOT
+    assert "wait target" not in choose([OD, SPOT_A], prof, BOTH, boot_h=0.05).reason
+    assert choose([OD, SPOT_A], TaskProfile(30.0, ON_SIGNAL, HALF_HOUR), BOTH, boot_h=0.0).capacity_type == SPOT
 
 
 def test_a_policy_that_allows_one_capacity_type_gets_it_whatever_it_costs() -> None:
@@ -137,6 +203,7 @@ _profiles = st.builds(
     runtime_h=st.floats(0.0, 1000.0),
     checkpointing=st.sampled_from([Checkpointing(), Checkpointing("on-signal"), Checkpointing("every", 30.0)]),
     wait_target_h=st.none() | st.floats(0.0, 2.0),
+    reclaims_so_far=st.integers(0, 50),
 )
 
 

@@ -78,6 +78,30 @@ def test_after_a_reclaim_a_task_that_restarts_from_zero_goes_on_demand_first() -
     assert _launch(_task(1.0, "on-signal", after_reclaim=True)).offering.capacity_type == "spot"
 
 
+def test_a_checkpointing_task_reclaimed_again_and_again_goes_on_demand_at_its_wait_target() -> None:
+    # 30 min target, 3 min boots: the first boot and 9 reclaims fit. A 1 h on-signal
+    # task (0.24 reclaims expected) stays on spot after 8 reclaims (one more allowed,
+    # P(N > 1) = 1 - e^-0.243 (1.243) = 2.5 %) and goes on-demand after 9 (none left).
+    model = dataclasses.replace(MODEL, wait_target_h=0.5)
+    eight = _launch(_task(1.0, "on-signal", after_reclaim=True, reclaims_so_far=8), capacity=model)
+    assert eight.offering.capacity_type == "spot"
+    nine = _launch(_task(1.0, "on-signal", after_reclaim=True, reclaims_so_far=9), capacity=model)
+    assert nine.offering.capacity_type == "on_demand"
+    assert "would pass the wait target of 30 min" in nine.reason and "after 9 so far" in nine.reason
+    # Without a target the count changes nothing.
+    assert _launch(_task(1.0, "on-signal", reclaims_so_far=50)).offering.capacity_type == "spot"
+
+
+def test_within_spot_a_zone_that_keeps_the_wait_target_goes_first() -> None:
+    # 30 h on-signal: at 0.24/h it misses the target (P = 20 %), at 0.05/h it keeps it
+    # (P = 4e-6), though that zone's machine is dearer (1.00 against 0.918 USD/h).
+    stormy = offering("p3.2xlarge", "spot", price=0.918, zone="a")
+    calm = offering("p3.2xlarge", "spot", price=1.0, zone="b")
+    model = dataclasses.replace(MODEL, wait_target_h=0.5, reclaim_rates={stormy.key: 0.24, calm.key: 0.05})
+    launch = _launch(_task(30.0, "on-signal"), capacity=model, offerings=(stormy, calm, V100[1]))
+    assert launch.offering.capacity_type == "spot" and launch.offering.zone == "b"
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     runtime=st.none() | st.floats(0.01, 200.0),

@@ -80,6 +80,28 @@ def test_groups_count_the_oldest_and_fold_end_reasons(
     assert by[("nlp", 2, False)].count == 1
 
 
+def test_tasks_a_reclaim_requeued_are_grouped_by_their_interruptions_so_far(
+    sessions: sessionmaker[Session], config: AutoscalerConfig
+) -> None:
+    # The capacity choice counts each interruption as one boot spent of the wait target.
+    rows = [
+        _task(age_s=40, end_reason="interrupted:spot", interruptions=3),
+        _task(age_s=10, end_reason="interrupted:spot", interruptions=3),
+        _task(age_s=20, end_reason="interrupted:spot", interruptions=9),
+        _task(age_s=30, end_reason="interrupted:spot"),  # no count recorded: 0
+        _task(age_s=50, end_reason="interrupted:drain", interruptions=5),  # not a reclaim: not counted
+        _task(age_s=60, state="running", end_reason="interrupted:spot", interruptions=7),  # not demand
+    ]
+    groups = _demand(sessions, config, rows)
+    by = {(g.after_reclaim, g.reclaims_so_far): g for g in groups}
+    assert set(by) == {(True, 0), (True, 3), (True, 9), (False, 0)}
+    assert by[(True, 3)].count == 2 and by[(True, 3)].oldest == NOW - timedelta(seconds=40)
+    assert by[(True, 9)].count == 1 and by[(True, 9)].oldest == NOW - timedelta(seconds=20)
+    assert by[(True, 0)].count == 1 and by[(True, 0)].oldest == NOW - timedelta(seconds=30)
+    assert by[(False, 0)].count == 1
+    assert sum(g.count for g in groups) == 5
+
+
 def test_the_order_is_fixed_whatever_the_insertion_order(
     sessions: sessionmaker[Session], config: AutoscalerConfig
 ) -> None:

@@ -68,6 +68,33 @@ def test_submit_sends_every_option_and_the_handle_reads_the_task_back(client: Cl
     assert why.task_id == task.id and why.state == "queued" and why.code and why.reason
 
 
+def test_submit_takes_checkpoints_and_the_expected_run_time_like_the_cli(client: Client) -> None:
+    task = client.submit(["train"], queue="gpu", gpus=1, checkpoints="every:30", expected_runtime="45m")
+    info = task.info()
+    assert info.checkpoints == "every:30" and info.expected_runtime_s == 45 * 60
+    assert client.submit(["train"], queue="gpu", expected_runtime=7200).info().expected_runtime_s == 7200
+    assert client.submit(["train"], queue="gpu", expected_runtime_s=90).info().expected_runtime_s == 90
+    # The server checks the checkpoint spec and says what it accepts.
+    with pytest.raises(Rejected, match="none, on-signal or every:MIN"):
+        client.submit(["train"], queue="gpu", checkpoints="sometimes")
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"expected_runtime": "six hours"}, "expected_runtime 'six hours' is not a duration; use e.g. 90s, 45m"),
+        ({"expected_runtime": -3}, "is not a duration"),
+        ({"expected_runtime": "1h", "expected_runtime_s": 3600}, "not both"),
+        ({"checkpoint": "on-signal"}, "unknown task option 'checkpoint': the options are"),
+    ],
+)
+def test_a_bad_option_is_refused_before_any_request_saying_what_to_do(options: dict, words: str) -> None:
+    # No server at all: the SDK refuses before it sends anything.
+    with pytest.raises(SdkError) as err:
+        task_body(["train"], queue="gpu", **options)
+    assert words in str(err.value)
+
+
 def test_cancel_then_wait_returns_the_ended_task_at_once(client: Client) -> None:
     task = client.submit(["true"], queue="gpu", team="vision")
     assert task.cancel().state == "canceled"

@@ -130,6 +130,24 @@ def test_errors_on_the_submitting_side_are_one_line_and_exit_1(harness: AgentHar
     assert harness.admin.get("/api/v1/tasks").json() == []  # nothing was enqueued by any of them
 
 
+def test_it_takes_checkpoints_and_the_expected_run_time_as_the_cli_does(harness: AgentHarness, tmp_path: Path) -> None:
+    # No agent: the task stays queued, and what the server kept is what the CLI sends.
+    script = write_script(tmp_path / "project", extra=', checkpoints="on-signal", expected_runtime="6h"')
+    done = submit_side(harness, script)
+    assert done.returncode == 0, done.stderr
+    with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
+        info = client.task(done.stdout.strip()).info()
+    assert info.checkpoints == "on-signal" and info.expected_runtime_s == 6 * 3600
+    assert info.raw["runtime_estimate"]["source"] == "declared"
+    # A typo in an option, or a duration it cannot read: one line, exit 1, nothing enqueued.
+    typo = submit_side(harness, write_script(tmp_path / "typo", extra=', checkpoint="on-signal"'))
+    assert typo.returncode == 1 and typo.stderr.startswith("error: unknown task option 'checkpoint':")
+    bad = submit_side(harness, write_script(tmp_path / "bad", extra=', expected_runtime="six hours"'))
+    assert bad.returncode == 1 and "is not a duration; use e.g. 90s, 45m, 6h" in bad.stderr
+    assert "Traceback" not in typo.stderr + bad.stderr
+    assert len(harness.admin.get("/api/v1/tasks").json()) == 1
+
+
 def test_on_a_worker_it_returns_and_enqueues_nothing(harness: AgentHarness, tmp_path: Path) -> None:
     script = write_script(tmp_path / "project")
     done = submit_side(harness, script, env={"AUTOSCALER_TASK_ID": "t-already-here"})

@@ -185,6 +185,20 @@ def test_cli_what_if_flags_reach_the_report(tmp_path: Path) -> None:
     assert bad.returncode == 1
     assert "--checkpoints-share 1.5: expected a share of tasks between 0 and 1" in bad.stderr
     assert "Traceback" not in bad.stderr
+    assert "wait_target_s" not in rep["settings"]  # off by default
+
+
+def test_cli_wait_target_is_set_in_the_simulated_config_and_the_report(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path)]
+    proc = subprocess.run([*cmd, "--wait-target", "30"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["wait_target_s"] == 1800.0
+    bad = subprocess.run([*cmd, "--wait-target", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--wait-target" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_default_world_is_two_clouds_with_per_zone_rates() -> None:
