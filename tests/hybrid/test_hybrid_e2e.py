@@ -235,11 +235,11 @@ def hybrid(
     public = config.model_copy(update={"server": config.server.model_copy(update={"public_url": server.url})})
     render = bootstrap_user_data(public, ctx.clock.now)
 
-    def user_data(s: Session, pool: PoolConfig, request_id: str) -> str:
+    def user_data(s: Session, pool: PoolConfig, request_id: str, nodes: int = 1, /) -> str:
         # The fake cloud runs nothing itself; its user-data is what a real VM of that pool
         # would get (provider "local": no cloud metadata service to poll here).
         as_vm = pool.model_copy(update={"provider": "local"}) if pool.provider == "fake" else pool
-        return render(s, as_vm, request_id)
+        return render(s, as_vm, request_id, nodes)
 
     policy = PolicyService(PolicyConfig(), isolate=False)
     reconciler = Reconciler(ctx.sessions, config, ctx.clock, providers, policy, user_data=user_data)
