@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
@@ -76,7 +77,7 @@ def artifacts(
 ) -> None:
     """A task's outputs and checkpoints, with sizes and digests; --download saves them."""
     sdk = sdk_client(server, token, home)
-    rows: list[dict[str, Any]] = sdk.api.get(f"/api/v1/tasks/{task_id}/artifacts")
+    rows: list[dict[str, Any]] = sdk.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}/artifacts")
     if download is None:
         if json_out:
             print_json(rows)

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 from rich.text import Text
@@ -324,7 +325,7 @@ def task_show(
     """Show a task and its history."""
     sdk = sdk_client(server, token, home)
     task = sdk.task(task_id).info().raw
-    gpu = sdk.api.get(f"/api/v1/tasks/{task_id}/gpu") if task.get("gpus") else None
+    gpu = sdk.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}/gpu") if task.get("gpus") else None
     if json_out:
         if gpu is not None:
             task["gpu_use"] = {k: v for k, v in gpu.items() if k not in ("task_id", "points")}

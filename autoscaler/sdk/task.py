@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from autoscaler.sdk.errors import SdkError, WaitTimeout
 from autoscaler.sdk.models import Artifact, LogChunk, TaskInfo, WhyAnswer
@@ -20,6 +21,9 @@ class Task:
     def __init__(self, api: Transport, task_id: str, *, sleep: Callable[[float], None] = time.sleep) -> None:
         self._api = api
         self.id = task_id
+        # Quoted: an id is the user's text (a control character must reach the server
+        # as a "no such task", not break the URL).
+        self._path = "/api/v1/tasks/" + quote(task_id, safe="")
         self._sleep = sleep
 
     def __repr__(self) -> str:
@@ -27,7 +31,7 @@ class Task:
 
     def info(self) -> TaskInfo:
         """The task with its history (`events`)."""
-        info: TaskInfo = TaskInfo.parse(self._api.get(f"/api/v1/tasks/{self.id}"))
+        info: TaskInfo = TaskInfo.parse(self._api.get(self._path))
         return info
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 1.0) -> TaskInfo:
@@ -51,7 +55,7 @@ class Task:
         query: dict[str, Any] = {"after": after, "limit": LOG_PAGE}
         if rank is not None:
             query["rank"] = rank
-        rows = self._api.get(f"/api/v1/tasks/{self.id}/logs", **query)
+        rows = self._api.get(f"{self._path}/logs", **query)
         return [LogChunk.parse(r) for r in rows]
 
     def logs(
@@ -86,18 +90,18 @@ class Task:
 
     def cancel(self) -> TaskInfo:
         """Cancel: removed if queued, stopped by its worker if running."""
-        info: TaskInfo = TaskInfo.parse(self._api.post(f"/api/v1/tasks/{self.id}/cancel"))
+        info: TaskInfo = TaskInfo.parse(self._api.post(f"{self._path}/cancel"))
         return info
 
     def why(self) -> WhyAnswer:
         """Why the task is waiting now (or what it is doing if it is not queued)."""
-        answer: WhyAnswer = WhyAnswer.parse(self._api.get(f"/api/v1/tasks/{self.id}/why"))
+        answer: WhyAnswer = WhyAnswer.parse(self._api.get(f"{self._path}/why"))
         return answer
 
     def artifacts(self) -> list[Artifact]:
         """The outputs and checkpoints the task left. Raises `FeatureMissing` when the
         server has no artifact store."""
-        endpoint = f"/api/v1/tasks/{self.id}/artifacts"
+        endpoint = f"{self._path}/artifacts"
         try:
             rows = self._api.get(endpoint)
         except SdkError as exc:
@@ -110,7 +114,7 @@ class Task:
         target = (dest / name).resolve()
         if dest.resolve() not in target.parents:
             raise SdkError(f"artifact name {name!r} would be written outside {dest}; refusing")
-        endpoint = f"/api/v1/tasks/{self.id}/artifacts/{name}"
+        endpoint = f"{self._path}/artifacts/{quote(name)}"
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         try:

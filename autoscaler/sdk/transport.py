@@ -45,6 +45,8 @@ class Transport:
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.InvalidURL as exc:  # not an HTTPError: a path built from bad user text
+            raise SdkError(f"cannot send {method} {path!r}: {exc}; check the id or name given") from None
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
         self._check(response)

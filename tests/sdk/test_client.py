@@ -275,3 +275,12 @@ def test_the_sdk_finds_the_home_directory_where_the_server_keeps_it(
     assert settings.default_home() == config.default_home()
     monkeypatch.setenv("AUTOSCALER_HOME", str(tmp_path))
     assert settings.default_home() == config.default_home() == tmp_path
+
+
+@pytest.mark.parametrize("task_id", ["\x1f", "a/b", "../tasks", "id?x=1", "sp ace"])
+def test_a_task_id_of_any_text_is_a_clean_not_found(client: Client, task_id: str) -> None:
+    # Found by the CLI fuzz: `autoscaler logs $'\x1f'` broke the URL with a traceback.
+    task = client.task(task_id)
+    for call in (task.info, task.why, lambda: list(task.logs())):
+        with pytest.raises(NotFoundError):
+            call()
