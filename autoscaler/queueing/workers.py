@@ -219,12 +219,27 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
         if not _is_retry(join, reg, key_hash):
             raise _replay(reg, join)
         retry_of = join.worker_id
-    live = list(
-        session.scalars(
-            select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES)).with_for_update()
-        )
-    )
-    for old in live:
+    worker, plaintext = _take_instance(session, join, reg, retry_of, launch, now=now, what="join token")
+    join.worker_id = worker.id
+    return worker, plaintext
+
+
+def _take_instance(
+    session: Session,
+    join: ApiToken,
+    reg: Registration,
+    retry_of: str | None,
+    launch: Instance | None,
+    *,
+    now: datetime,
+    what: str,
+) -> tuple[Worker, str]:
+    """A new worker for the claimed instance: refused while another live worker holds
+    it; the same agent's earlier worker (`retry_of`, a retry whose answer was lost) is
+    retired first. Shared by single and gang join tokens."""
+    for old in session.scalars(
+        select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES)).with_for_update()
+    ):
         if old.id != retry_of:
             raise _refuse(
                 reg,
@@ -232,15 +247,13 @@ def register(session: Session, join: ApiToken, reg: Registration, *, now: dateti
                 "registration_refused",
                 f"instance {reg.instance_id} already has a live worker ({old.id}); a restarted agent "
                 "re-registers with its worker token, or deregister that worker first",
-                f"join token claimed instance {reg.instance_id} of live worker {old.id}",
+                f"{what} claimed instance {reg.instance_id} of live worker {old.id}",
             )
     if retry_of is not None:
         old_worker = session.get(Worker, retry_of)
         if old_worker is not None:
             _retire(session, old_worker, now=now)
-    worker, plaintext = _new_worker(session, reg, now=now, launch=launch)
-    join.worker_id = worker.id
-    return worker, plaintext
+    return _new_worker(session, reg, now=now, launch=launch)
 
 
 def reregister(session: Session, token: ApiToken, reg: Registration, *, now: datetime) -> tuple[Worker, str]:
@@ -757,23 +770,7 @@ def _register_with_gang_token(
             raise _gang_replay(reg, join) from None
     else:
         retry_of = used.worker_id
-    for old in session.scalars(
-        select(Worker).where(Worker.instance_id == reg.instance_id, Worker.state.in_(LIVE_STATES)).with_for_update()
-    ):
-        if old.id != retry_of:
-            raise _refuse(
-                reg,
-                join,
-                "registration_refused",
-                f"instance {reg.instance_id} already has a live worker ({old.id}); a restarted agent "
-                "re-registers with its worker token, or deregister that worker first",
-                f"gang join token claimed instance {reg.instance_id} of live worker {old.id}",
-            )
-    if retry_of is not None:
-        old_worker = session.get(Worker, retry_of)
-        if old_worker is not None:
-            _retire(session, old_worker, now=now)
-    worker, plaintext = _new_worker(session, reg, now=now, launch=launch)
+    worker, plaintext = _take_instance(session, join, reg, retry_of, launch, now=now, what="gang join token")
     used.worker_id = worker.id
     return worker, plaintext
 
