@@ -538,6 +538,13 @@ class TaskProcess:
             os.killpg(self.proc.pid, sig)
 
 
+def _rank_suffix(task: LeasedTask) -> str:
+    """A gang's rank gets a directory of its own: several agents of one host (a local
+    pool's machines) share a work dir, and two ranks must not share a checkpoint dir."""
+    rank = task.env.get("NODE_RANK", "")
+    return f"-rank{rank}" if task.env.get("AUTOSCALER_GANG_ID") == task.id and rank.isdigit() else ""
+
+
 def _task_dir(task: LeasedTask, work_root: Path, user: TaskUser | None) -> tuple[Path, Path | None]:
     """The task's directory: its working_dir, or a fresh scratch dir (returned twice)."""
     if task.working_dir:
@@ -545,7 +552,7 @@ def _task_dir(task: LeasedTask, work_root: Path, user: TaskUser | None) -> tuple
         if not cwd.is_dir():
             raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
         return cwd, None
-    scratch = work_root / f"{task.id}-{task.attempts}"
+    scratch = work_root / f"{task.id}-{task.attempts}{_rank_suffix(task)}"
     try:
         make_scratch(scratch, user)
     except OSError as exc:

@@ -98,12 +98,16 @@ def list_artifacts(session: Session, task_id: str) -> list[Artifact]:
     )
 
 
-def find_artifact(session: Session, task_id: str, name: str, attempt: int | None = None) -> Artifact | None:
-    """The named artifact of that attempt, or of the latest attempt that left one (its
-    latest generation)."""
+def find_artifact(
+    session: Session, task_id: str, name: str, attempt: int | None = None, generation: int | None = None
+) -> Artifact | None:
+    """The named artifact of that attempt, or of the latest attempt that left one (of
+    that generation, or its latest)."""
     stmt = select(Artifact).where(Artifact.task_id == task_id, Artifact.name == name)
     if attempt is not None:
         stmt = stmt.where(Artifact.attempt == attempt)
+    if generation is not None:
+        stmt = stmt.where(Artifact.generation == generation)
     return session.scalars(stmt.order_by(Artifact.attempt.desc(), Artifact.generation.desc()).limit(1)).first()
 
 

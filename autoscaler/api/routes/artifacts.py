@@ -129,14 +129,19 @@ def download_artifact(
     auth: Auth,
     ctx: Ctx,
     attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+    generation: Annotated[
+        int | None, Query(ge=0, le=2**31, description="A gang's checkpoint: this generation (default the latest).")
+    ] = None,
 ) -> StreamingResponse:
-    """The artifact's bytes (of the latest attempt that left one, or of `attempt`)."""
+    """The artifact's bytes (of the latest attempt that left one, or of `attempt`; its
+    latest generation, or `generation`)."""
     store = store_of(ctx)
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id)
-        art = records.find_artifact(s, task.id, name, attempt)
+        art = records.find_artifact(s, task.id, name, attempt, generation)
         if art is None:
             which = f" from attempt {attempt}" if attempt else ""
+            which += f" of generation {generation}" if generation is not None else ""
             raise NotFound(f"task {task_id} has no artifact {name!r}{which}: list them with `autoscaler artifacts`")
         key, digest, size = art.key, art.digest, art.size
     blocks = store.get(key)
