@@ -246,8 +246,14 @@ def save_checkpoint(base: str, task: LeasedTask, workdir: Path, note: Note, *, g
     if not task.checkpoint_dir or tr is None or not tr.checkpoint_upload_url:
         return
     src = _inside(workdir, task.checkpoint_dir)
-    if src is None or not src.is_dir() or not any(src.iterdir()):
-        return  # nothing written yet: keep the previous checkpoint
+    if src is None or not src.is_dir():
+        return
+    # A single task with nothing written yet keeps its previous checkpoint. A gang's rank
+    # stores even an empty dir: a program that saves only from rank 0 still completes
+    # each generation (the others restore an empty dir), see docs/gangs.md.
+    in_gang = task.env.get("AUTOSCALER_GANG_ID") == task.id
+    if not in_gang and not any(src.iterdir()):
+        return
     packed = pack_directory(src, limit_bytes=PACK_LIMIT, honour_gitignore=False)
     try:
         size, digest = upload(base, tr.checkpoint_upload_url, packed.path, fmt="tar.gz", generation=generation)

@@ -211,3 +211,31 @@ def test_a_requeued_gang_restores_one_generation_all_ranks_completed(server: Liv
     assert {a["name"] for a in listed} == {"rank-0/checkpoint.tar.gz", "rank-1/checkpoint.tar.gz"}
     store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
     assert len([p for p in store_dir.rglob("*") if p.is_file() and "/checkpoint/" in str(p)]) == 4
+
+
+def test_the_set_an_attempt_restores_is_fixed_when_its_gang_is_complete(server: LiveServer) -> None:
+    """A rank of attempt 1, still being stopped, completes a newer generation between
+    the two ranks of attempt 2 being handed their starts: both still restore the same."""
+    vision = team(server, "vision")
+    task_id = vision.post("/api/v1/tasks", json={**GANG, "checkpoint_dir": "ckpt"}).json()["id"]
+    w0, w1, w2, w3 = (register(server, n) for n in range(4))
+    first = {int(got["env"]["NODE_RANK"]): (w, got) for w, got in zip((w0, w1), lease_gang(w0, w1), strict=True)}
+
+    def store(rank: int, gen: int) -> None:
+        url = first[rank][1]["transfers"]["checkpoint_upload_url"]
+        assert put(server, url, tgz({"step": f"{rank}/{gen}".encode()}), generation=gen).status_code == 200
+
+    store(0, 1), store(1, 1), store(1, 2)
+    lost = first[1][0]
+    lost[1].post(f"/api/v1/workers/{lost[0]}/tasks/{task_id}/finish", json={"reason": "interrupted"})
+    assert lease(w2) is None  # attempt 2's rank 0 reserved
+    late = lease(w3)  # the gang is complete: rank 1's start (and the set to restore) now
+    assert late is not None
+    store(0, 2)  # attempt 1's rank 0, being stopped, completes generation 2
+    early = lease(w2)
+    assert early is not None
+    got = {
+        int(t["env"]["NODE_RANK"]): step_of(httpx.get(server.url + t["transfers"]["checkpoint_url"]).content)
+        for t in (early, late)
+    }
+    assert got == {0: "0/1", 1: "1/1"}
