@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from autoscaler.agent import carry
 from autoscaler.agent.runner import TaskProcess, _task_dir
-from autoscaler.agent.wire import LeasedTask
+from autoscaler.agent.wire import LeasedTask, Transfers
 
 
 def _process(every: int | None) -> TaskProcess:
@@ -46,3 +49,26 @@ def test_each_rank_of_a_gang_gets_its_own_scratch_dir(tmp_path: Path) -> None:
     assert single == tmp_path / "g1-2"
     _cwd, odd = _task_dir(leased({"AUTOSCALER_GANG_ID": "g1", "NODE_RANK": "../x"}), tmp_path, None)
     assert odd == tmp_path / "g1-2"
+
+
+def test_a_gang_rank_stores_an_empty_checkpoint_dir_and_a_single_task_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So a program that saves only from rank 0 still completes every generation."""
+    sent: list[tuple[str, int]] = []
+
+    def upload(base: str, url: str, src: Path, *, fmt: str = "file", generation: int = 0) -> tuple[int, str]:
+        sent.append((url, generation))
+        return 0, ""
+
+    monkeypatch.setattr(carry, "upload", upload)
+    (tmp_path / "ckpt").mkdir()
+    transfers = Transfers(checkpoint_upload_url="/up")
+    gang = LeasedTask(
+        id="g1", command=["x"], checkpoint_dir="ckpt", transfers=transfers, env={"AUTOSCALER_GANG_ID": "g1"}
+    )
+    single = LeasedTask(id="s1", command=["x"], checkpoint_dir="ckpt", transfers=transfers)
+    carry.save_checkpoint("http://s", single, tmp_path, lambda _line: None, generation=3)
+    assert sent == []
+    carry.save_checkpoint("http://s", gang, tmp_path, lambda _line: None, generation=3)
+    assert sent == [("/up", 3)]
