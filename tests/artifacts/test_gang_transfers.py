@@ -23,6 +23,7 @@ from autoscaler.artifacts import tickets
 from autoscaler.artifacts.store import LocalStore
 from tests.artifacts.test_api import client, team, tgz, upload
 from tests.conftest import LiveServer, issue_token
+from tests.test_cli import cli
 
 
 @pytest.fixture
@@ -80,8 +81,9 @@ def step_of(archive: bytes) -> str:
 GANG = {"queue": "gpu", "command": ["python", "main.py"], "gpus": 1, "nodes": 2}
 
 
-def test_every_rank_fetches_the_code_and_stores_its_outputs_under_its_rank(server: LiveServer) -> None:
-    vision = team(server, "vision")
+def test_every_rank_fetches_the_code_and_stores_its_outputs_under_its_rank(server: LiveServer, tmp_path: Path) -> None:
+    token = issue_token(server.ctx, "team", team="vision")
+    vision = client(server, token)
     code = tgz({"main.py": b"print(1)\n"})
     digest = upload(vision, code)["digest"]
     r = vision.post("/api/v1/tasks", json={**GANG, "code": {"snapshot": digest}, "outputs": ["out/result.txt"]})
@@ -106,6 +108,15 @@ def test_every_rank_fetches_the_code_and_stores_its_outputs_under_its_rank(serve
     ]
     assert vision.get(f"/api/v1/tasks/{task_id}/artifacts/rank-1/out/result.txt").content == b"one\n"
     assert vision.get(f"/api/v1/tasks/{task_id}/artifacts/out/result.txt").status_code == 404  # no top level
+    # The CLI lists them with their rank and downloads each under its rank-R/.
+    where = ["--server", server.url, "--token", token]
+    listed_cli = cli("artifacts", task_id, *where)
+    assert listed_cli.returncode == 0, listed_cli.stderr
+    assert "rank" in listed_cli.stdout and "rank-1/out/result.txt" in listed_cli.stdout
+    saved = cli("artifacts", task_id, "--download", str(tmp_path / "dl"), *where)
+    assert saved.returncode == 0, saved.stderr
+    assert (tmp_path / "dl" / "rank-0" / "out" / "result.txt").read_bytes() == b"zero\n"
+    assert (tmp_path / "dl" / "rank-1" / "out" / "result.txt").read_bytes() == b"one\n"
 
 
 def test_a_gang_ticket_works_only_for_its_rank_of_its_attempt(server: LiveServer) -> None:
