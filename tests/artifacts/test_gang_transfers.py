@@ -222,6 +222,12 @@ def test_a_requeued_gang_restores_one_generation_all_ranks_completed(server: Liv
     assert {a["name"] for a in listed} == {"rank-0/checkpoint.tar.gz", "rank-1/checkpoint.tar.gz"}
     store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
     assert len([p for p in store_dir.rglob("*") if p.is_file() and "/checkpoint/" in str(p)]) == 4
+    # Attempt 2 ends: the set it restored from goes with it (and its files).
+    for w, _got in by_rank.values():
+        w[1].post(f"/api/v1/workers/{w[0]}/tasks/{task_id}/finish", json={"reason": "exit", "exit_code": 0})
+    listed = vision.get(f"/api/v1/tasks/{task_id}/artifacts").json()
+    assert sorted((a["attempt"], a["generation"], a["rank"]) for a in listed) == [(2, 1, 0), (2, 1, 1)]
+    assert len([p for p in store_dir.rglob("*") if p.is_file() and "/checkpoint/" in str(p)]) == 2
 
 
 def test_the_set_an_attempt_restores_is_fixed_when_its_gang_is_complete(server: LiveServer) -> None:
