@@ -91,7 +91,9 @@ def download(base: str, url: str, dest: Path, digest: str, *, timeout_s: float =
         raise CarryFailed(f"integrity check failed: expected {digest}, got {got}")
 
 
-def upload(base: str, url: str, src: Path, *, fmt: str = "file", timeout_s: float = 60) -> tuple[int, str]:
+def upload(
+    base: str, url: str, src: Path, *, fmt: str = "file", generation: int = 0, timeout_s: float = 60
+) -> tuple[int, str]:
     """Stream `src` to `url`; the size and digest stored, checked against our own."""
 
     def opened() -> BinaryIO:
@@ -114,7 +116,10 @@ def upload(base: str, url: str, src: Path, *, fmt: str = "file", timeout_s: floa
             yield from iter(lambda: fh.read(BLOCK), b"")
 
     def once() -> str:
-        r = httpx.put(_url(base, url), content=blocks(), params={"format": fmt}, timeout=timeout_s)
+        params: dict[str, str | int] = {"format": fmt}
+        if generation:
+            params["generation"] = generation
+        r = httpx.put(_url(base, url), content=blocks(), params=params, timeout=timeout_s)
         if r.status_code >= 500:
             raise _Retry(f"the server answered {r.status_code}")
         if r.status_code >= 400:
@@ -234,16 +239,24 @@ def _inside(workdir: Path, rel: str) -> Path | None:
     return path
 
 
-def save_checkpoint(base: str, task: LeasedTask, workdir: Path, note: Note) -> None:
+def save_checkpoint(base: str, task: LeasedTask, workdir: Path, note: Note, *, generation: int = 0) -> None:
+    """The checkpoint dir, packed; `generation` numbers it within the attempt (a gang's
+    server keeps each generation; a single task's keeps the last)."""
     tr = task.transfers
     if not task.checkpoint_dir or tr is None or not tr.checkpoint_upload_url:
         return
     src = _inside(workdir, task.checkpoint_dir)
-    if src is None or not src.is_dir() or not any(src.iterdir()):
-        return  # nothing written yet: keep the previous checkpoint
+    if src is None or not src.is_dir():
+        return
+    # A single task with nothing written yet keeps its previous checkpoint. A gang's rank
+    # stores even an empty dir: a program that saves only from rank 0 still completes
+    # each generation (the others restore an empty dir), see docs/gangs.md.
+    in_gang = task.env.get("AUTOSCALER_GANG_ID") == task.id
+    if not in_gang and not any(src.iterdir()):
+        return
     packed = pack_directory(src, limit_bytes=PACK_LIMIT, honour_gitignore=False)
     try:
-        size, digest = upload(base, tr.checkpoint_upload_url, packed.path, fmt="tar.gz")
+        size, digest = upload(base, tr.checkpoint_upload_url, packed.path, fmt="tar.gz", generation=generation)
     finally:
         packed.path.unlink(missing_ok=True)
     note(f"checkpoint: saved {task.checkpoint_dir} ({size} bytes, {digest})")

@@ -144,6 +144,9 @@ class TaskProcess:
         self.user = user
         self.proc = proc
         self.started = started
+        # The attempt's start as handed over (the lease), never moved: a gang's ranks
+        # number their checkpoints from it (`_generation`).
+        self._handed = started
         self.scratch = scratch
         self.box = box  # a container task: its pull, then its container
         self.output = OutputBuffer()
@@ -316,7 +319,8 @@ class TaskProcess:
         self.phase = "save"
         if self._bg is not None:
             self._bg.join()  # a periodic checkpoint still uploading: the final one follows it
-        self._background(self._save)
+        generation = self._generation(now, final=True)
+        self._background(lambda: self._save(generation))
         return None
 
     def _poll_container(self, now: float) -> int | None:
@@ -364,7 +368,8 @@ class TaskProcess:
         self.phase = "save"
         if self._bg is not None:
             self._bg.join()  # a periodic checkpoint still uploading: the final one follows it
-        self._background(self._save)
+        generation = self._generation(now, final=True)
+        self._background(lambda: self._save(generation))
         return None
 
     def _setup_failed(self) -> int | None:
@@ -462,11 +467,23 @@ class TaskProcess:
             self.failure = f"cannot prepare the task's files: {exc}"
             self._note(self.failure)
 
-    def _save(self) -> None:
+    def _generation(self, now: float, *, final: bool) -> int:
+        """Which checkpoint point of the attempt this is: the k-th period since the
+        attempt was handed over (the periodic ones), one past the last period (the one
+        at the end). Every rank of a gang was handed its start within a fraction of a
+        second, so the k-th of each is taken at about the same time; the server keeps
+        a gang's checkpoints per generation and restores one all ranks completed."""
+        every = self.task.checkpoint_every_s
+        if not every:
+            return 1
+        k = int((now - self._handed) // every)
+        return k + 1 if final else max(k, 1)
+
+    def _save(self, generation: int) -> None:
         assert self.scratch is not None
         try:
             carry.save_outputs(self.server_url, self.task, self.scratch, self._note)
-            carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note)
+            carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note, generation=generation)
         except (carry.CarryFailed, OSError, ValueError) as exc:
             self._note(f"files not saved: {exc}")
 
@@ -476,11 +493,12 @@ class TaskProcess:
         if self._bg is not None and self._bg.is_alive():
             return  # the last one is still uploading
         self._next_checkpoint = now + (self.task.checkpoint_every_s or 0)
+        generation = self._generation(now, final=False)
 
         def periodic() -> None:
             assert self.scratch is not None
             try:
-                carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note)
+                carry.save_checkpoint(self.server_url, self.task, self.scratch, self._note, generation=generation)
             except (carry.CarryFailed, OSError, ValueError) as exc:
                 # A file changing under the packer, a store away: the next period tries again.
                 self._note(f"periodic checkpoint not saved: {exc}")
@@ -520,6 +538,13 @@ class TaskProcess:
             os.killpg(self.proc.pid, sig)
 
 
+def _rank_suffix(task: LeasedTask) -> str:
+    """A gang's rank gets a directory of its own: several agents of one host (a local
+    pool's machines) share a work dir, and two ranks must not share a checkpoint dir."""
+    rank = task.env.get("NODE_RANK", "")
+    return f"-rank{rank}" if task.env.get("AUTOSCALER_GANG_ID") == task.id and rank.isdigit() else ""
+
+
 def _task_dir(task: LeasedTask, work_root: Path, user: TaskUser | None) -> tuple[Path, Path | None]:
     """The task's directory: its working_dir, or a fresh scratch dir (returned twice)."""
     if task.working_dir:
@@ -527,7 +552,7 @@ def _task_dir(task: LeasedTask, work_root: Path, user: TaskUser | None) -> tuple
         if not cwd.is_dir():
             raise StartFailed(f"working dir {task.working_dir} does not exist on this worker")
         return cwd, None
-    scratch = work_root / f"{task.id}-{task.attempts}"
+    scratch = work_root / f"{task.id}-{task.attempts}{_rank_suffix(task)}"
     try:
         make_scratch(scratch, user)
     except OSError as exc:

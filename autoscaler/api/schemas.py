@@ -529,9 +529,11 @@ class SnapshotOut(BaseModel):
 
 
 class ArtifactOut(Out):
-    name: str
+    name: str  # a gang's rank's: under rank-R/
     kind: Literal["output", "checkpoint"]
     size: int
     digest: str
     attempt: int
     created_at: datetime
+    rank: int | None = None  # the gang's rank that left it; None: a single-node task's
+    generation: int = 0  # a gang's checkpoint: the k-th checkpoint point of its attempt

@@ -26,9 +26,15 @@ def snapshot_key(team: str, digest: str) -> str:
     return f"snapshots/{team}/{digest.removeprefix('sha256:')}"
 
 
-def artifact_key(task_id: str, attempt: int, kind: str, name: str) -> str:
+def artifact_key(task_id: str, attempt: int, kind: str, name: str, generation: int = 0) -> str:
     # The name is hashed: it is the task's choice and may hold anything a path can.
-    return f"tasks/{task_id}/{attempt}/{kind}/{hashlib.sha256(name.encode()).hexdigest()[:40]}"
+    base = f"tasks/{task_id}/{attempt}/{kind}/{hashlib.sha256(name.encode()).hexdigest()[:40]}"
+    return f"{base}.g{generation}" if generation else base
+
+
+def rank_name(rank: int | None, name: str) -> str:
+    """What a gang's rank's artifact is called: under `rank-R/` (a single task's: as is)."""
+    return name if rank is None else f"rank-{rank}/{name}"
 
 
 def record_snapshot(session: Session, team: str, key: str, written: Written, now: datetime) -> Snapshot:
@@ -57,31 +63,52 @@ def record_artifact(
     key: str,
     written: Written,
     now: datetime,
+    rank: int | None = None,
+    generation: int = 0,
 ) -> Artifact:
-    """Add the artifact, or replace its attempt's earlier version (a periodic checkpoint)."""
-    row = session.scalars(
-        select(Artifact).where(Artifact.task_id == task_id, Artifact.name == name, Artifact.attempt == attempt)
-    ).first()
+    """Add the artifact, or replace its attempt's earlier version of the same generation
+    (a single task's periodic checkpoint)."""
+    row = find_version(session, task_id, name, attempt, generation)
     if row is None:
-        row = Artifact(task_id=task_id, team=team, name=name, attempt=attempt)
+        row = Artifact(task_id=task_id, team=team, name=name, attempt=attempt, rank=rank, generation=generation)
         session.add(row)
     row.kind, row.key, row.size, row.digest, row.created_at = kind, key, written.size, written.digest, now
     session.flush()
     return row
 
 
+def find_version(session: Session, task_id: str, name: str, attempt: int, generation: int) -> Artifact | None:
+    return session.scalars(
+        select(Artifact).where(
+            Artifact.task_id == task_id,
+            Artifact.name == name,
+            Artifact.attempt == attempt,
+            Artifact.generation == generation,
+        )
+    ).first()
+
+
 def list_artifacts(session: Session, task_id: str) -> list[Artifact]:
     return list(
-        session.scalars(select(Artifact).where(Artifact.task_id == task_id).order_by(Artifact.attempt, Artifact.name))
+        session.scalars(
+            select(Artifact)
+            .where(Artifact.task_id == task_id)
+            .order_by(Artifact.attempt, Artifact.name, Artifact.generation)
+        )
     )
 
 
-def find_artifact(session: Session, task_id: str, name: str, attempt: int | None = None) -> Artifact | None:
-    """The named artifact of that attempt, or of the latest attempt that left one."""
+def find_artifact(
+    session: Session, task_id: str, name: str, attempt: int | None = None, generation: int | None = None
+) -> Artifact | None:
+    """The named artifact of that attempt, or of the latest attempt that left one (of
+    that generation, or its latest)."""
     stmt = select(Artifact).where(Artifact.task_id == task_id, Artifact.name == name)
     if attempt is not None:
         stmt = stmt.where(Artifact.attempt == attempt)
-    return session.scalars(stmt.order_by(Artifact.attempt.desc()).limit(1)).first()
+    if generation is not None:
+        stmt = stmt.where(Artifact.generation == generation)
+    return session.scalars(stmt.order_by(Artifact.attempt.desc(), Artifact.generation.desc()).limit(1)).first()
 
 
 def latest_checkpoint(session: Session, task_id: str) -> Artifact | None:

@@ -6,7 +6,9 @@ task's attempt until then": base64url(JSON) + "." + HMAC-SHA256, keyed by a key
 derived from the server's secret key ring (so every server process of a deployment
 checks the others' tickets). An upload ticket is also checked against the database
 when used: it only works while that attempt is still the task's live attempt on that
-worker, so it dies with the attempt, whatever its expiry says.
+worker, so it dies with the attempt, whatever its expiry says. A gang's ticket also
+names the worker's rank: it works only while that worker holds that rank of that
+attempt (so a worker of another gang, or of the gang's earlier attempt, cannot use it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class Ticket:
     # A put: what the stored object becomes (an artifact of the task).
     kind: str = ""
     name: str = ""
+    # A gang's: the worker's rank of that attempt (None: a single-node task's ticket).
+    rank: int | None = None
 
 
 def transfer_key(sealing_key: bytes) -> bytes:

@@ -82,7 +82,9 @@ def artifacts(
         if json_out:
             print_json(rows)
         else:
-            print_table(rows, ["name", "kind", "attempt", "size", "digest", "created_at"], title=f"task {task_id}")
+            gang = any(r.get("rank") is not None for r in rows)
+            columns = ["name", "kind", "attempt", *(["rank", "generation"] if gang else []), "size", "digest"]
+            print_table(rows, [*columns, "created_at"], title=f"task {task_id}")
         return
     latest: dict[str, dict[str, Any]] = {}
     for row in rows:

@@ -794,6 +794,43 @@ class _Packed:
     count: Counter[str]
 
 
+def _priority_key(sc: _Scope, u: _Unit) -> tuple[int, int, int]:
+    """Where a unit stands in the plan's order, size and age aside (lower first)."""
+    return (-sc.tier(u.team), -u.queue_priority, -u.priority)
+
+
+def _plan_gangs_in_order(
+    sc: _Scope,
+    bounds: _Bounds,
+    cap: _Capacity,
+    book: _TeamBook,
+    type_ok: _TypeMatch,
+    packer: _Packer,
+    runs: list[tuple[_Unit, int]],
+) -> tuple[list[tuple[_Unit, int]], int]:
+    """Each gang after the single tasks that outrank it (a higher tier, queue priority
+    or priority): those are fitted onto existing capacity and packed into new machines
+    first, so a high-priority task never waits behind a low-priority gang for the
+    same capacity. Returns the single tasks left for after every gang and how many
+    were placed on existing capacity; the gangs' plan is left in `packer.gangs`."""
+    i, placed_existing = 0, 0
+    plan = _GangPlan([], [], 0, packer.count)
+    for u, g in _gang_units(sc):
+        j = i
+        while j < len(runs) and _priority_key(sc, runs[j][0]) < _priority_key(sc, u):
+            j += 1
+        if j > i:
+            remaining, placed = _fit_existing(sc, runs[i:j], cap, book, type_ok)
+            placed_existing += placed
+            packer.pack(remaining)
+            i = j
+        one = _plan_gangs(sc, bounds, packer.count, cap, book, packer.chooser, [(u, g)])
+        packer.count = Counter(one.count)
+        plan = _GangPlan(plan.launches + one.launches, plan.holds + one.holds, plan.placed + one.placed, one.count)
+    packer.gangs = plan
+    return runs[i:], placed_existing
+
+
 class _Packer:
     """Step 3: packs what step 2 left into new machines, a team at a time.
 
@@ -817,6 +854,8 @@ class _Packer:
         # counts only grow and headroom only shrinks, so the refusal is remembered.
         self.refused: dict[_Shape, str] = {}
         self._searched_none = False  # set by each _place
+        # The gangs' plan, when they were planned between its packs (`_plan_gangs_in_order`).
+        self.gangs = _GangPlan([], [], 0, self.count)
 
     def pack(self, remaining: list[tuple[_Unit, int]]) -> _Packed:
         for u, n in remaining:
@@ -1081,7 +1120,13 @@ def _gang_units(sc: _Scope) -> list[tuple[_Unit, DemandGroup]]:
 
 
 def _plan_gangs(
-    sc: _Scope, bounds: _Bounds, count: Counter[str], cap: _Capacity, book: _TeamBook, chooser: _OfferingChooser
+    sc: _Scope,
+    bounds: _Bounds,
+    count: Counter[str],
+    cap: _Capacity,
+    book: _TeamBook,
+    chooser: _OfferingChooser,
+    units: list[tuple[_Unit, DemandGroup]] | None = None,
 ) -> _GangPlan:
     """Step 2 and 3 for gangs, before single tasks: each gang is one unit of
     `nodes - reserved` machines in ONE pool, one rank per machine. Idle machines (and
@@ -1094,7 +1139,7 @@ def _plan_gangs(
     launches: list[Launch] = []
     holds: list[Hold] = []
     placed = 0
-    for u, g in _gang_units(sc):
+    for u, g in _gang_units(sc) if units is None else units:
         want = g.nodes - g.reserved
         td = sc.tds[u.team]
         adm = book.adms[u.team]
@@ -1220,13 +1265,19 @@ def plan(inp: PlanInput) -> Plan:
     type_ok = _TypeMatch()  # a cache of GPU-type matches, shared by steps 2 and 3
     cap = _capacity(sc, gone)
     book = _TeamBook(sc)
-    # Gangs first, each as one unit (reuse and launch), then single tasks.
+    # Gangs, each as one unit (reuse and launch), in the order of single tasks: the
+    # single tasks of a higher tier or priority than a gang are fitted and packed
+    # before it (existing capacity, then new machines), those of the same or lower
+    # after it (a gang is the harder to place of the two at one priority).
     packer = _Packer(sc, bounds, count, book, type_ok)
     gangs = _GangPlan([], [], 0, count)
+    runs = _ordered_runs(sc)
+    placed_existing = 0
     if any(g.gang is not None for g in inp.demand):
-        gangs = _plan_gangs(sc, bounds, count, cap, book, packer.chooser)
-        packer.count = Counter(gangs.count)
-    remaining, placed_existing = _fit_existing(sc, _ordered_runs(sc), cap, book, type_ok)
+        runs, placed_existing = _plan_gangs_in_order(sc, bounds, cap, book, type_ok, packer, runs)
+        gangs = packer.gangs
+    remaining, placed = _fit_existing(sc, runs, cap, book, type_ok)
+    placed_existing += placed
     # 3. launch for the rest, then for pool minimums
     packed = packer.pack(remaining)
     minimums, min_notes, count = _pool_minimums(sc, bounds, packed.count)

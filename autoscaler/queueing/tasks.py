@@ -214,11 +214,6 @@ def enqueue(
         raise InvalidInput(
             "code, setup, outputs and checkpoint_dir work in the task's own directory; drop working_dir to use them"
         )
-    if spec.nodes > 1 and (code or outputs or checkpoint_dir):
-        raise InvalidInput(
-            "a multi-node task cannot carry code, outputs or a checkpoint_dir yet (docs/gangs.md): put the code "
-            "on the machines or in an image, and write results to shared storage"
-        )
     runtime = runtime_history.settle(
         session,
         team=team,

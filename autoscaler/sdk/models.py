@@ -115,6 +115,10 @@ class Artifact(_Reply):
     digest: str
     attempt: int
     created_at: datetime
+    # A multi-node task's: the rank that left it (its name starts rank-R/), and for a
+    # checkpoint its generation (docs/gangs.md). None / 0 for a single-node task's.
+    rank: int | None = None
+    generation: int = 0
 
 
 class Snapshot(_Reply):

@@ -609,8 +609,10 @@ class Snapshot(Base):
 
 class Artifact(Base):
     """A file a task's attempt left: an output or a checkpoint, stored under `key` in the
-    artifact store. One row per (task, name, attempt); a periodic checkpoint replaces
-    its attempt's row."""
+    artifact store. One row per (task, name, attempt, generation); a single task's
+    periodic checkpoint replaces its attempt's row (generation 0). A gang's rows name
+    their rank (`rank-R/...` and `rank`), and its checkpoints are kept per generation,
+    the k-th checkpoint point of the attempt (docs/gangs.md, "Checkpoints")."""
 
     __tablename__ = "artifacts"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -623,8 +625,11 @@ class Artifact(Base):
     digest: Mapped[str] = mapped_column(String(80))
     key: Mapped[str] = mapped_column(String(1200))
     created_at: Mapped[datetime]
+    # A gang's rank that left it; None: a single-node task's.
+    rank: Mapped[int | None] = mapped_column(Integer)
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
-        UniqueConstraint("task_id", "name", "attempt", name="uq_artifacts_task_name_attempt"),
+        UniqueConstraint("task_id", "name", "attempt", "generation", name="uq_artifacts_task_name_attempt_generation"),
         Index("ix_artifacts_created_at", "created_at"),
     )

@@ -22,9 +22,10 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.api.routes.tasks import visible_task
 from autoscaler.api.schemas import ArtifactOut, SnapshotOut, TransfersOut
-from autoscaler.artifacts import records, tickets
+from autoscaler.artifacts import gang_checkpoints, records, tickets
 from autoscaler.artifacts.store import ArtifactStore, StoreError
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
+from autoscaler.queueing import gangs
 from autoscaler.queueing.states import ACTIVE
 from autoscaler.state.models import Task
 
@@ -128,14 +129,19 @@ def download_artifact(
     auth: Auth,
     ctx: Ctx,
     attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+    generation: Annotated[
+        int | None, Query(ge=0, le=2**31, description="A gang's checkpoint: this generation (default the latest).")
+    ] = None,
 ) -> StreamingResponse:
-    """The artifact's bytes (of the latest attempt that left one, or of `attempt`)."""
+    """The artifact's bytes (of the latest attempt that left one, or of `attempt`; its
+    latest generation, or `generation`)."""
     store = store_of(ctx)
     with tx(ctx) as s:
         task = visible_task(s, auth.user(s), task_id)
-        art = records.find_artifact(s, task.id, name, attempt)
+        art = records.find_artifact(s, task.id, name, attempt, generation)
         if art is None:
             which = f" from attempt {attempt}" if attempt else ""
+            which += f" of generation {generation}" if generation is not None else ""
             raise NotFound(f"task {task_id} has no artifact {name!r}{which}: list them with `autoscaler artifacts`")
         key, digest, size = art.key, art.digest, art.size
     blocks = store.get(key)
@@ -151,6 +157,9 @@ def transfer_get(ticket: str, ctx: Ctx) -> StreamingResponse:
     """A worker fetches one object (code snapshot, checkpoint) on the ticket of its lease."""
     store = store_of(ctx)
     t = tickets.verify(ticket, ticket_key(ctx), now=ctx.clock.now().timestamp(), op="get")
+    if t.rank is not None:
+        with tx(ctx) as s:
+            _live_attempt(s, t)  # a gang's rank: only while it holds that rank of that attempt
     return StreamingResponse(store.get(t.key), media_type="application/octet-stream")
 
 
@@ -160,16 +169,30 @@ def transfer_put(
     request: Request,
     ctx: Ctx,
     format: Annotated[str, Query(pattern="^(file|tar.gz)$")] = "file",
+    generation: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=2**31 - 1,
+            description="A gang's checkpoint: the k-th checkpoint point of the attempt (the agent numbers them).",
+        ),
+    ] = 0,
 ) -> ArtifactOut:
     """A worker stores one output or checkpoint of its live attempt; answers what was
     recorded (the worker compares the digest with its own)."""
     store = store_of(ctx)
     t = tickets.verify(ticket, ticket_key(ctx), now=ctx.clock.now().timestamp(), op="put")
+    # A gang's rank stores under its own rank-R/, whatever the name (docs/gangs.md).
+    name = records.rank_name(t.rank, t.name + (".tar.gz" if format == "tar.gz" and t.kind == "output" else ""))
+    # Generations are a gang's checkpoints' (a single task's periodic one replaces its last).
+    gen = generation if t.rank is not None and t.kind == "checkpoint" else 0
     with tx(ctx) as s:
         task = _live_attempt(s, t)
         team = task.team
-    name = t.name + (".tar.gz" if format == "tar.gz" and t.kind == "output" else "")
-    key = records.artifact_key(t.task_id, t.attempt, t.kind, name)
+        if gen and records.find_version(s, t.task_id, name, t.attempt, gen) is not None:
+            # Write-once: a set another rank may be restoring from never changes under it.
+            raise Conflict(f"generation {gen} of {name} of attempt {t.attempt} is already stored; it is kept as is")
+    key = records.artifact_key(t.task_id, t.attempt, t.kind, name, gen)
     written = store.put(key, request_blocks(request), limit_bytes=ctx.config.artifacts.max_artifact_bytes)
     with tx(ctx) as s:
         art = records.record_artifact(
@@ -182,14 +205,31 @@ def transfer_put(
             key=key,
             written=written,
             now=ctx.clock.now(),
+            rank=t.rank,
+            generation=gen,
         )
-        return ArtifactOut.model_validate(art)
+        out = ArtifactOut.model_validate(art)
+        gang = s.get(Task, t.task_id) if t.rank is not None and t.kind == "checkpoint" else None
+        if gang is not None:
+            gang_checkpoints.prune(s, store, gang)
+        return out
 
 
 def _live_attempt(session: Session, t: tickets.Ticket) -> Task:
+    """The ticket's task while the ticket's attempt is live on the ticket's worker; a
+    gang's ticket: while that worker holds that rank of that attempt (also while it is
+    being stopped, so its last checkpoint and outputs are stored)."""
     task = session.get(Task, t.task_id)
-    if task is None or task.worker_id != t.worker_id or task.attempts != t.attempt or task.state not in _ACTIVE:
-        raise Forbidden(f"attempt {t.attempt} of task {t.task_id} is over on this worker: its uploads are closed")
+    over = Forbidden(f"attempt {t.attempt} of task {t.task_id} is over on this worker: its uploads are closed")
+    if task is None:
+        raise over
+    if t.rank is None:
+        if task.worker_id != t.worker_id or task.attempts != t.attempt or task.state not in _ACTIVE:
+            raise over
+        return task
+    rank = gangs.rank_of(session, task.id, t.worker_id)
+    if rank is None or rank.attempt != t.attempt or rank.rank != t.rank:
+        raise over
     return task
 
 
@@ -205,16 +245,24 @@ def transfers_for(session: Session, ctx: AppContext, worker_id: str, task: Task)
     now = ctx.clock.now().timestamp()
     cfg = ctx.config.artifacts
     put_ttl = (task.timeout_s or 7 * 86400) + 3600
+    # A gang: every ticket names this worker's rank, and what the rank stores is its own.
+    held = gangs.rank_of(session, task.id, worker_id) if gangs.is_gang(task) else None
+    if gangs.is_gang(task) and held is None:
+        raise Conflict(f"worker {worker_id} holds no rank of task {task.id}: it has no files to move")
+    rank = held.rank if held is not None else None
+    attempt = held.attempt if held is not None else task.attempts
 
     def get_url(store_key: str) -> str:
-        signed = store.presigned_get(store_key, cfg.ticket_ttl_s)
+        # A gang's rank gets the server's own ticket even where the store could sign a
+        # URL: only a ticket dies with the rank (a presigned URL lives its whole TTL).
+        signed = store.presigned_get(store_key, cfg.ticket_ttl_s) if rank is None else None
         if signed is not None:
             return signed
-        t = tickets.Ticket("get", store_key, task.id, task.attempts, worker_id, now + cfg.ticket_ttl_s)
+        t = tickets.Ticket("get", store_key, task.id, attempt, worker_id, now + cfg.ticket_ttl_s, rank=rank)
         return TRANSFER + tickets.sign(t, key)
 
     def put_url(kind: str, name: str) -> str:
-        t = tickets.Ticket("put", "", task.id, task.attempts, worker_id, now + put_ttl, kind=kind, name=name)
+        t = tickets.Ticket("put", "", task.id, attempt, worker_id, now + put_ttl, kind=kind, name=name, rank=rank)
         return TRANSFER + tickets.sign(t, key)
 
     out = TransfersOut()
@@ -225,7 +273,12 @@ def transfers_for(session: Session, ctx: AppContext, worker_id: str, task: Task)
             raise NotFound(f"code snapshot {digest} of task {task.id} is no longer stored (retention?)")
         out.code_url, out.code_digest = get_url(snap.key), snap.digest
     if task.checkpoint_dir:
-        last = records.latest_checkpoint(session, task.id)
+        if held is not None:
+            # Rank R restores rank R's file of one generation all ranks completed.
+            pin = gang_checkpoints.pinned_at(session, task)
+            last = gang_checkpoints.restore_set(session, task, as_of=pin).get(held.rank) if pin else None
+        else:
+            last = records.latest_checkpoint(session, task.id)
         if last is not None:
             out.checkpoint_url, out.checkpoint_digest = get_url(last.key), last.digest
         out.checkpoint_upload_url = put_url("checkpoint", records.CHECKPOINT_NAME)

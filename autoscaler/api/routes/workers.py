@@ -28,6 +28,7 @@ from autoscaler.api.schemas import (
     TaskOut,
     WorkerOut,
 )
+from autoscaler.artifacts import gang_checkpoints
 from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
 from autoscaler.queueing import gangs
@@ -250,6 +251,9 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
         task = task_ops.finish(
             s, worker_id, task_id, now=ctx.clock.now(), reason=body.reason, exit_code=body.exit_code, detail=body.detail
         )
+        if gangs.is_gang(task) and task.checkpoint_dir and ctx.artifacts is not None:
+            # A rank's end may end the attempt whose restore set was kept: it may go now.
+            gang_checkpoints.prune(s, ctx.artifacts, task)
         out = TaskOut.model_validate(task)
     ctx.wake("task finished")
     if out.state == TaskState.QUEUED.value:
