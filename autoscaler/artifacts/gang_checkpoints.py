@@ -77,23 +77,30 @@ def pinned_at(session: Session, task: Task) -> datetime | None:
     return max(r.reserved_at for r in ranks)
 
 
-def prune(session: Session, store: ArtifactStore, task: Task) -> int:
-    """Delete the generations older than the latest complete one, except the set the
-    live attempt restores; returns how many files went. Incomplete newer generations
-    stay: their missing ranks may still store them."""
+def prune(session: Session, task: Task) -> list[str]:
+    """Forget the generations older than the latest complete one, except the set the
+    live attempt restores; returns the store keys of the forgotten files, for the caller
+    to delete once the transaction has committed (no store call inside a transaction;
+    a file whose delete fails is an orphan in the store, never a row pointing at nothing).
+    Incomplete newer generations stay: their missing ranks may still store them."""
     groups = _by_generation(session, task.id)
     latest = _latest_complete(groups, task.nodes, None)
     if latest is None:
-        return 0
+        return []
     pin = pinned_at(session, task)
     keep = _latest_complete(groups, task.nodes, pin) if pin is not None else None
-    n = 0
+    gone: list[str] = []
     for gen, rows in groups.items():
         if gen >= latest or gen == keep:
             continue
         for row in rows:
-            store.delete(row.key)
+            gone.append(row.key)
             session.delete(row)
-            n += 1
     session.flush()
-    return n
+    return gone
+
+
+def delete_files(store: ArtifactStore, keys: list[str]) -> None:
+    """Delete forgotten checkpoint files, after the commit that forgot them."""
+    for key in keys:
+        store.delete(key)

@@ -210,9 +210,9 @@ def transfer_put(
         )
         out = ArtifactOut.model_validate(art)
         gang = s.get(Task, t.task_id) if t.rank is not None and t.kind == "checkpoint" else None
-        if gang is not None:
-            gang_checkpoints.prune(s, store, gang)
-        return out
+        gone = gang_checkpoints.prune(s, gang) if gang is not None else []
+    gang_checkpoints.delete_files(store, gone)
+    return out
 
 
 def _live_attempt(session: Session, t: tickets.Ticket) -> Task:

@@ -251,10 +251,12 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
         task = task_ops.finish(
             s, worker_id, task_id, now=ctx.clock.now(), reason=body.reason, exit_code=body.exit_code, detail=body.detail
         )
-        if gangs.is_gang(task) and task.checkpoint_dir and ctx.artifacts is not None:
-            # A rank's end may end the attempt whose restore set was kept: it may go now.
-            gang_checkpoints.prune(s, ctx.artifacts, task)
+        # A rank's end may end the attempt whose restore set was kept: it may go now.
+        store = ctx.artifacts if gangs.is_gang(task) and task.checkpoint_dir else None
+        gone = gang_checkpoints.prune(s, task) if store is not None else []
         out = TaskOut.model_validate(task)
+    if store is not None:
+        gang_checkpoints.delete_files(store, gone)
     ctx.wake("task finished")
     if out.state == TaskState.QUEUED.value:
         ctx.lease_waiters.notify(1)  # a failed attempt went back to the queue: someone may take it
