@@ -5,8 +5,9 @@
 Prints the median and p99 of `PolicyService.evaluate` for the isolated engine (child
 process, what the server runs) and in-process (what the simulator runs), the child
 round-trip overhead on a tiny input, and how long rego-cpp takes just to read the
-large input (`set_input_term`). `--breakdown` times each step of one in-process
-regorus evaluation alone (serialising, reading the input, the rules, the decision).
+large input (`set_input_term`). `--breakdown` times each step of one evaluation
+alone (building and serialising the input, the engine reading it, the rules, reading
+the answer back, the owner-thread and child-process hops).
 
 `--baseline DIR` measures another policy directory in the same run, so before/after
 figures share the machine's load (for example an earlier revision:
@@ -201,42 +202,73 @@ def side_by_side(previous: Path, runs: int, teams: int, pools: int, queues: int)
 
 
 def breakdown(teams: int, pools: int, queues: int, runs: int = 9) -> None:
-    """The steps of one in-process regorus evaluation, each timed alone (medians)."""
+    """The steps of one evaluation, each timed alone (medians of wall and of this
+    thread's CPU time), on the data the service
+    loads by default (`policies/data/`, what the rest of this bench evaluates), for the
+    large input and the one-team input."""
     import regorus
 
     from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
-    from autoscaler.policy.engines import input_text, to_decision
+    from autoscaler.policy.engines import derived_input, input_text, text_digest, to_decision
     from autoscaler.policy.input_fields import InputSelection
+    from autoscaler.policy.isolation import IsolatedRego
+    from autoscaler.policy.regorus_runtime import RegorusRuntime
 
-    big = big_input(teams, pools, queues)
-    names = [t.name for t in big.teams]
-    bundle = load_bundle(shipped_policy_dir(), data_dir=shipped_policy_dir() / "tests" / "fixtures")
+    bundle = load_bundle(shipped_policy_dir())
     engine = regorus.Engine()
     for rel, source in sorted(bundle.modules.items()):
         engine.add_policy(rel, source)
     engine.add_data(bundle.data)
     selection = InputSelection.for_policy(bundle.modules, bundle.data)
-    text = input_text(big, selection)
-    engine.set_input_json(text)
-    out = engine.eval_rule_as_json("data.autoscaler.decision")
-    print(f"input handed to the engine: {len(text)} bytes of JSON ({len(input_text(big))} with every field)")
-    steps = {
-        "input_text (joins + one pydantic dump, trimmed)": lambda: input_text(big, selection),
-        "regorus set_input_json": lambda: engine.set_input_json(text),
-        "regorus evaluation of data.autoscaler.decision": lambda: engine.eval_rule_as_json("data.autoscaler.decision"),
-        "json.loads + to_decision": lambda: to_decision(json.loads(out), names),
-    }
-    rules = ("teams", "team_facts", "team_reasons", "warnings", "placement.pool_order", "priorities.quota_full")
-    for rule in (*rules, "priorities.borrowable", "budgets.status"):
-        steps[f"  of which data.autoscaler.{rule}"] = lambda r=rule: engine.eval_rule_as_json(f"data.autoscaler.{r}")
-    for name, step in steps.items():
-        step()
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - started) * 1000)
-        print(f"{name:48s} {statistics.median(times):9.2f} ms")
+    runtime = RegorusRuntime()
+    runtime.load(bundle.modules, bundle.data, "autoscaler/decision")
+    child = IsolatedRego(120.0)
+    child.load(bundle.modules, bundle.data, "autoscaler/decision")
+    rule = "data.autoscaler.decision"
+    tiny = complete_input({"now": "2026-03-16T00:00:00Z", "teams": [{"name": "research"}]})
+    try:
+        for size, policy_input in (("large", big_input(teams, pools, queues)), ("tiny", tiny)):
+            names = [t.name for t in policy_input.teams]
+            text = input_text(policy_input, selection)
+            engine.set_input_json(text)
+            out = engine.eval_rule_as_json(rule)
+            print(
+                f"{size}: {len(text)} bytes of JSON handed to the engine ({len(input_text(policy_input))} with every field)"
+            )
+            steps = {
+                "derived_input (joins, pools by price)": lambda p=policy_input: derived_input(p),
+                "input_text (derived_input + pydantic dump, trimmed)": lambda p=policy_input: input_text(p, selection),
+                "text_digest (sha256 of the text)": lambda t=text: text_digest(t),
+                "regorus set_input_json": lambda t=text: engine.set_input_json(t),
+                f"regorus eval_rule_as_json({rule})": lambda: engine.eval_rule_as_json(rule),
+                "json.loads of the answer": lambda o=out: json.loads(o),
+                "to_decision (validation)": lambda o=out, n=names: to_decision(json.loads(o), n),
+                "in-process runtime: set + eval + loads, owner thread": lambda t=text: runtime.evaluate_text(t),
+                "isolated: the same through the child process": lambda t=text: child.evaluate_text(t),
+            }
+            if size == "large":
+                rules = ("teams", "team_facts", "team_reasons", "warnings", "placement.pool_order")
+                more = ("priorities.quota_full", "priorities.borrowable", "priorities.reasons", "budgets.status")
+                for name in (*rules, *more):
+                    steps[f"  of which data.autoscaler.{name} (alone)"] = lambda r=name: engine.eval_rule_as_json(
+                        f"data.autoscaler.{r}"
+                    )
+            n = runs if size == "large" else runs * 20
+            print(f"  {'step':56s} {'wall':>12s} {'CPU here':>12s}")
+            for name, step in steps.items():
+                step()
+                wall, cpu = [], []
+                for _ in range(n):
+                    started, started_cpu = time.perf_counter(), time.thread_time()
+                    step()
+                    cpu.append((time.thread_time() - started_cpu) * 1000)
+                    wall.append((time.perf_counter() - started) * 1000)
+                # CPU time of this thread: steady on a loaded machine where wall time is
+                # not, but blind to work done on another thread or in the child.
+                print(f"  {name:56s} {statistics.median(wall):9.3f} ms {statistics.median(cpu):9.3f} ms")
+    finally:
+        runtime.close()
+        child.close()
 
 
 def main() -> None:
@@ -248,10 +280,10 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another policy directory to measure in the same run")
     parser.add_argument("--previous", type=Path, help="another tree (git archive) to measure side by side")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--breakdown", action="store_true", help="time the steps of one regorus evaluation")
+    parser.add_argument("--breakdown", action="store_true", help="time the steps of one evaluation")
     args = parser.parse_args()
     if args.breakdown:
-        breakdown(args.teams, args.pools, args.queues)
+        breakdown(args.teams, args.pools, args.queues, args.runs)
         return
     if args.worker:
         worker(args.teams, args.pools, args.queues)

@@ -23,14 +23,19 @@ budget_usd(name) := object.get(conf(name), "monthly_usd", null)
 
 kind(name) := object.get(conf(name), "kind", "soft")
 
-# Per team with a budget: percentages of it spent and forecast.
+# Per team with a budget: percentages of it spent and forecast. The entries are
+# bound once, before the loop over teams: one look-up per team, the same entry as
+# conf(name) gives, without a function call per team (docs/benchmarks.md).
 status[t.name] := s if {
+	listed := {name: c | some name, c in teams_conf; c}
+	fallback := default_conf
 	some t in input.teams
-	b := budget_usd(t.name)
+	c := object.get(listed, t.name, fallback)
+	b := object.get(c, "monthly_usd", null)
 	is_number(b)
 	b > 0
 	s := {
-		"kind": kind(t.name),
+		"kind": object.get(c, "kind", "soft"),
 		"budget_usd": b,
 		"actual_pct": (100 * t.month_to_date_usd) / b,
 		"forecast_pct": (100 * t.forecast_usd) / b,

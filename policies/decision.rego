@@ -25,14 +25,17 @@ decision := {
 # the answer only looks them up: rego-cpp re-evaluates a rule every time a function
 # body refers to it, so reading budgets.freeze or priorities.borrowable from inside a
 # per-team function re-ran the budget and quota rules once per team (0.7 s at 100 teams).
-teams := {t.name: team_decision(t.name, facts, object.get(reasons, t.name, [])) | some t in input.teams} if {
+teams := {t.name: team_decision(t.name, settings[t.name], facts, object.get(reasons, t.name, [])) |
+	some t in input.teams
+} if {
 	facts := team_facts
 	reasons := team_reasons
+	settings := priorities.team_settings
 }
 
 # The answer for a team the input does not list: only the data defaults, never another
 # team's state.
-default_team := team_decision("", {}, [])
+default_team := team_decision("", priorities.settings(""), {}, [])
 
 warnings := budgets.warn | priorities.warn
 
@@ -47,9 +50,9 @@ team_facts := {
 	"allowed_pools": placement.team_pools,
 }
 
-# One team's answer from its facts (see `teams`); a fact a team does not appear in
-# takes the permissive default.
-team_decision(name, facts, reasons) := {
+# One team's answer from its settings and facts (see `teams`); a fact a team does not
+# appear in takes the permissive default.
+team_decision(name, s, facts, reasons) := {
 	"may_scale_up": may_scale_up(name, facts),
 	"spend_headroom_per_hour": headroom(name, facts),
 	"allowed_capacity_types": s.capacity_types,
@@ -62,8 +65,6 @@ team_decision(name, facts, reasons) := {
 	"borrowing_limit_gpus": object.get(object.get(facts, "borrowable", {}), name, null),
 	"lending_limit_gpus": object.get(s.quota, "lending_limit_gpus", null),
 	"reasons": reasons,
-} if {
-	s := priorities.settings(name)
 }
 
 may_scale_up(name, facts) := false if {

@@ -34,15 +34,27 @@ capacity_types(name) := ["spot"] if {
 quota(name) := object.get(conf(name), "quota", {})
 
 # A team's answer from the data in one object: tier, weight, capacity types and quota
-# resolved with one look-up of its settings (decision.rego reads this per team).
-settings(name) := {
+# resolved with one look-up of its settings.
+settings(name) := settings_of(conf(name))
+
+settings_of(c) := {
+	"tier_name": tn,
 	"tier": object.get(object.get(tiers, tn, {}), "tier", 0),
 	"weight": object.get(c, "weight", object.get(object.get(tiers, tn, {}), "weight", 1)),
 	"capacity_types": capacity_types_of(object.get(c, "capacity", "any")),
 	"quota": object.get(c, "quota", {}),
 } if {
-	c := conf(name)
 	tn := object.get(c, "tier", object.get(default_conf, "tier", ""))
+}
+
+# Every input team's settings, resolved once per evaluation: the settings of each team
+# the data lists and of the default, then one look-up per input team. The per-team
+# rules below and decision.rego read a team's settings here rather than calling
+# conf/quota/nominal again in each rule: every nested function call costs the engine
+# microseconds per team, and six rules did it for every team (docs/benchmarks.md).
+team_settings := {t.name: object.get(listed, t.name, fallback) | some t in input.teams} if {
+	listed := {name: settings_of(c) | some name, c in teams_conf; c}
+	fallback := settings_of(default_conf)
 }
 
 capacity_types_of(capacity) := ["spot"] if {
@@ -58,11 +70,13 @@ running[t.name] := t.running_gpus if some t in input.teams
 
 # GPUs a team with a quota leaves unused and lends to the cohort.
 lent[t.name] := n if {
+	settings_by_team := team_settings
 	some t in input.teams
-	nom := nominal(t.name)
+	q := settings_by_team[t.name].quota
+	nom := object.get(q, "nominal_gpus", null)
 	is_number(nom)
 	unused := lib.larger(0, nom - t.running_gpus)
-	n := lib.smaller(unused, object.get(quota(t.name), "lending_limit_gpus", unused))
+	n := lib.smaller(unused, object.get(q, "lending_limit_gpus", unused))
 }
 
 # GPUs a team may borrow now: what the others lend, capped by its borrowing limit.
@@ -72,18 +86,21 @@ lent[t.name] := n if {
 borrowable[t.name] := n if {
 	lent_by_team := lent
 	total_lent := sum([v | some v in lent_by_team])
+	settings_by_team := team_settings
 	some t in input.teams
-	is_number(nominal(t.name))
+	q := settings_by_team[t.name].quota
+	is_number(object.get(q, "nominal_gpus", null))
 	others := total_lent - object.get(lent_by_team, t.name, 0)
-	limit := object.get(quota(t.name), "borrowing_limit_gpus", others)
+	limit := object.get(q, "borrowing_limit_gpus", others)
 	n := lib.smaller(others, limit)
 }
 
 # A team at nominal + borrowable GPUs may not grow.
 quota_full[t.name] := msg if {
 	can_borrow := borrowable
+	settings_by_team := team_settings
 	some t in input.teams
-	nom := nominal(t.name)
+	nom := object.get(settings_by_team[t.name].quota, "nominal_gpus", null)
 	is_number(nom)
 	cap := nom + can_borrow[t.name]
 	t.running_gpus >= cap
@@ -95,14 +112,16 @@ reasons contains [name, msg] if {
 }
 
 reasons contains [t.name, msg] if {
+	settings_by_team := team_settings
 	some t in input.teams
-	capacity_types(t.name) == ["spot"]
+	settings_by_team[t.name].capacity_types == ["spot"]
 	msg := "priorities: spot capacity only"
 }
 
 warn contains msg if {
+	settings_by_team := team_settings
 	some t in input.teams
-	name := tier_name(t.name)
+	name := settings_by_team[t.name].tier_name
 	not tiers[name]
 	msg := sprintf("%s names tier %q, which data/priorities.yaml does not define; it gets tier 0", [t.name, name])
 }

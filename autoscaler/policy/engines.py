@@ -42,14 +42,24 @@ def derived_input(policy_input: PolicyInput) -> PolicyInput:
     """
     idle_static = {p.name: p.idle_instances for p in policy_input.pools if p.kind == "static"}
     backlog: dict[str, int] = {}
+    # Per pool, the static pools it shares a queue with, itself included (dropped below:
+    # the union over queues of "the others" is the union less the pool itself).
     peers: dict[str, set[str]] = {}
     for q in policy_input.queues:
-        depth = q.depth
-        served_static = [s for s in q.pools if s in idle_static]
-        for name in q.pools:
-            backlog[name] = backlog.get(name, 0) + depth
+        names, depth = q.pools, q.depth
+        if depth:
+            for name in names:
+                backlog[name] = backlog.get(name, 0) + depth
+        if idle_static:
+            served_static = [s for s in names if s in idle_static]
             if served_static:
-                peers.setdefault(name, set()).update(s for s in served_static if s != name)
+                for name in names:
+                    if name in peers:
+                        peers[name].update(served_static)
+                    else:
+                        peers[name] = set(served_static)
+    for name, shared in peers.items():
+        shared.discard(name)
     pools = [
         p.model_copy(
             update={

@@ -30,12 +30,16 @@ class Runtime(Protocol):
     def close(self) -> None: ...
 
 
-def make_runtime(interpreter: str) -> Runtime:
-    """A fresh runtime; raises ValueError naming the choices for an unknown interpreter."""
+def make_runtime(interpreter: str, *, same_thread: bool = False) -> Runtime:
+    """A fresh runtime; raises ValueError naming the choices for an unknown interpreter.
+
+    `same_thread`: only the calling thread will use it (the engine's child process), so
+    regorus needs no owner thread (regorus_runtime.py); rego-cpp has none anyway.
+    """
     if interpreter == "regorus":
         from autoscaler.policy.regorus_runtime import RegorusRuntime
 
-        return RegorusRuntime()
+        return RegorusRuntime(same_thread=same_thread)
     if interpreter == "rego-cpp":
         from autoscaler.policy.rego import RegoRuntime
 

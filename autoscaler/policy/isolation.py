@@ -49,7 +49,8 @@ def child_main() -> None:  # pragma: no cover - runs in the child; exercised by 
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    runtime = make_runtime(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_INTERPRETER)
+    # One thread serves every request here, so the engine needs no owner thread.
+    runtime = make_runtime(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_INTERPRETER, same_thread=True)
     for line in sys.stdin:
         try:
             req = json.loads(line)

@@ -11,6 +11,10 @@ A regorus Engine is bound to the thread that made it (the binding is a pyo3
 `unsendable` class: touching or dropping it on another thread raises). The service
 calls the policy from request threads and the reconcile thread alike, so the runtime
 owns one thread that creates, uses and drops its engine, and hands every call to it.
+The engine's child process (isolation.py) has one thread and serves one request at a
+time, so there the runtime is made `same_thread`: calls run on the calling thread,
+without the hand-off (a queue put, a wake-up, a future: a tenth of a millisecond
+quiet, more on a loaded machine, against a one-team evaluation of a few tenths).
 
 Why regorus is the default and what was measured: docs/policies.md and
 docs/benchmarks.md.
@@ -149,11 +153,34 @@ def _unknown(names: list[str]) -> list[str]:
     return unknown
 
 
-class RegorusRuntime:
-    """One compiled policy in a regorus Engine, queried at one rule."""
+class _Here:
+    """Runs the functions on the calling thread, which must be the one that made it."""
 
     def __init__(self) -> None:
-        self._owner = _Owner(self)
+        self._state: dict[str, Any] = {}
+        self._thread = threading.get_ident()
+
+    def call(self, fn: Callable[[dict[str, Any]], T]) -> T:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                "a same_thread RegorusRuntime was called from another thread: make it without same_thread"
+            )
+        return fn(self._state)
+
+    def stop(self) -> None:
+        if threading.get_ident() == self._thread:
+            self._state.clear()
+
+
+class RegorusRuntime:
+    """One compiled policy in a regorus Engine, queried at one rule.
+
+    `same_thread=True` is for a process that calls it from the thread that made it and
+    no other (the engine's child process); any other caller gets the owner thread.
+    """
+
+    def __init__(self, *, same_thread: bool = False) -> None:
+        self._owner: _Owner | _Here = _Here() if same_thread else _Owner(self)
 
     def load(self, modules: dict[str, str], data: dict[str, Any], entrypoint: str) -> None:
         """Parse every module and the data; raises RegoFailure with file:line problems."""
