@@ -95,6 +95,21 @@ class _Run:
 
     unit: _Unit
     left: int
+    # The run's last purchase decision, reused while it provably stands (`_Packer._buy`).
+    offer: _Offer | None = None
+
+
+@dataclass(slots=True)
+class _Offer:
+    """A purchase decision for a run: the pool and offering `_Packer._offer` picked, the
+    capacity choice's words, the useful-GPU cap it was picked under, and the one
+    `Launch` of a machine the run fills at purchase (made once, shared)."""
+
+    pool: PoolView
+    offering: OfferingView
+    why: str
+    cap: int
+    full: Launch | None = None
 
 
 @dataclass(slots=True)
@@ -821,9 +836,9 @@ def _fit_existing(
 
 
 _Shape = tuple[str, str, int, str | None, float, int]
-# A new machine in launch order: a bin still open to the team's later runs, or
-# machines a run filled at purchase, alike, as one Launch and how many of it.
-_Bought = _Bin | tuple[Launch, int]
+# A new machine in launch order: a bin still open to the team's later runs, or a
+# machine a run filled at purchase (its run's one Launch, the same object each time).
+_Bought = _Bin | Launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -933,7 +948,7 @@ class _Packer:
                         # The last search of this team's bins for this shape found none,
                         # and the only bins added since (bought for it) have no room
                         # left: the search would find none again, so go straight to buying.
-                        at, n, placed = self._buy(team, u, td, limit, run.left)
+                        at, n, placed = self._buy(team, run, td, limit)
                     else:
                         found = self._search(u)
                         searched = found is None
@@ -941,7 +956,7 @@ class _Packer:
                             at = found
                             n = placed = self._fill(team, at, u, limit)
                         else:
-                            at, n, placed = self._buy(team, u, td, limit, run.left)
+                            at, n, placed = self._buy(team, run, td, limit)
                 if placed:
                     book.allocated[team] += u.gpus * placed
                     self.want[u.team_queue] -= u.gpus * placed
@@ -1063,18 +1078,41 @@ class _Packer:
             most = n
         return max(most, 1)
 
+    def _standing(self, run: _Run) -> _Offer | None:
+        """The run's last purchase decision if `_offer` would give it again: pools
+        ahead of it refused for reasons that only get stronger, and the pool is still
+        under its max, the headroom still affords the offering and the useful-GPU cap
+        is unchanged (teams take turns, so this spares the search on each turn)."""
+        o = run.offer
+        if o is None:
+            return None
+        u, name = run.unit, o.pool.name
+        if self.count[name] >= self.bounds.max_eff[name]:
+            return None
+        if o.offering.hourly_price > self.book.headroom[u.team] + 1e-9:
+            return None
+        if self.chooser.useful_cap(o.pool, u, self.want[u.team_queue]) != o.cap:
+            return None
+        return o
+
     def _buy(
-        self, team: str, u: _Unit, td: TeamDecision, limit: int, run_left: int
+        self, team: str, run: _Run, td: TeamDecision, limit: int
     ) -> tuple[tuple[_FreeIndex[_Bin], int] | None, int, int]:
         """Buy for the run's next tasks: machines alike, each filled at purchase, the
         last one left open (a bin) if it has room; or hold the tasks if no machine may
         be bought. Returns the open bin (or None), the tasks dealt with and placed."""
-        offer = self._offer(u, td)
-        if isinstance(offer, str):
-            n = self._turn(team, run_left, 0)
-            self._hold(u, offer, n)
-            return None, n, 0
-        pool, offering, why = offer
+        u = run.unit
+        standing = self._standing(run)
+        if standing is None:
+            offer = self._offer(u, td)
+            if isinstance(offer, str):
+                n = self._turn(team, run.left, 0)
+                self._hold(u, offer, n)
+                return None, n, 0
+            pool, offering, why = offer
+            cap = self.chooser.useful_cap(pool, u, self.want[u.team_queue])
+            standing = run.offer = _Offer(pool, offering, why, cap)
+        pool, offering, why = standing.pool, standing.offering, standing.why
         size = offering.gpus or 1
         # Machines that end full are bought alike in one step; a machine a task of this
         # shape leaves room on (or one that CPUs and memory limit) is one bin per step.
@@ -1092,10 +1130,13 @@ class _Packer:
         for _ in range(machines):
             self.book.headroom[team] -= offering.hourly_price  # per machine, as bought one by one
         if full:
-            answers = {u.answer: per}
-            self.bought.append(
-                (Launch(pool.name, offering, team, _answers(answers), _reason(team, offering, answers, why)), full)
-            )
+            launch = standing.full
+            if launch is None:
+                answers = {u.answer: per}
+                launch = standing.full = Launch(
+                    pool.name, offering, team, _answers(answers), _reason(team, offering, answers, why)
+                )
+            self.bought += [launch] * full
         if not rest:
             return None, k, k
         b = _Bin(team, pool.name, offering, size, {}, offering.cpus, offering.memory_mb, why)
@@ -1119,17 +1160,12 @@ def _team_launches(dec: Decision, bought: list[_Bought]) -> list[Launch]:
         # Fail-safe means hold. Every team is frozen then, so nothing above launched;
         # this keeps it so whatever a failed decision carries.
         return []
-    out: list[Launch] = []
-    for x in bought:
-        if isinstance(x, _Bin):
-            out.append(
-                Launch(
-                    x.pool, x.offering, x.team, _answers(x.answers), _reason(x.team, x.offering, x.answers, x.choice)
-                )
-            )
-        else:
-            out.extend([x[0]] * x[1])  # the same object: machines bought alike
-    return out
+    return [
+        Launch(x.pool, x.offering, x.team, _answers(x.answers), _reason(x.team, x.offering, x.answers, x.choice))
+        if isinstance(x, _Bin)
+        else x  # a machine filled at purchase: its run's one Launch
+        for x in bought
+    ]
 
 
 def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[list[Launch], list[str], Counter[str]]:
