@@ -193,7 +193,7 @@ class _FreeIndex(Generic[_Item]):
     indexed, since every unit needs at least 1.
     """
 
-    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members")
+    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members", "_open")
 
     def __init__(self) -> None:
         self._items: list[_Item] = []
@@ -204,6 +204,9 @@ class _FreeIndex(Generic[_Item]):
         self._members: dict[tuple[bool, str | None, Machine | None], list[int]] = {}
         self._kind_of: list[dict[int, list[int]]] = []
         self._kind_key: list[Machine | None] = []
+        # Items with anything free: a busy fleet's index is often all full, and then
+        # every lookup (one per run and pool in step 2) answers at once.
+        self._open = 0
 
     def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None, machine: Machine | None = None) -> int:
         kind = (gpu_machine, gpu_type, machine)
@@ -215,6 +218,7 @@ class _FreeIndex(Generic[_Item]):
         self._members.setdefault(kind, []).append(pos)
         if item.free > 0:
             heapq.heappush(buckets.setdefault(item.free, []), pos)
+            self._open += 1
         return pos
 
     def free_at(self, pos: int) -> int:
@@ -223,6 +227,8 @@ class _FreeIndex(Generic[_Item]):
     def first_fit(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool] | None = None) -> int | None:
         """Position of the first item `unit` fits on, or None. `admit` says whether the
         unit's team may use a machine (items without one, planned bins, always may)."""
+        if not self._open:
+            return None
         best: int | None = None
         need = unit.need
         items = self._items
@@ -276,6 +282,8 @@ class _FreeIndex(Generic[_Item]):
         or held there) that fit `unit` and admit it: the machines a gang's ranks may
         count on, one rank each. A plain scan: gangs are few."""
         out: list[int] = []
+        if not self._open:
+            return out
         for pos, item in enumerate(self._items):
             if len(out) >= limit:
                 break
@@ -313,7 +321,10 @@ class _FreeIndex(Generic[_Item]):
     def take_many(self, pos: int, unit: _Unit, k: int) -> _Item:
         """`take` k times (the caller checked `room`), indexing the item once at the end."""
         item = self._items[pos]
+        was_open = item.free > 0
         item.free -= unit.need * k
+        if was_open and item.free <= 0:
+            self._open -= 1
         if unit.cpus > 0 and item.cpus_free is not None:
             for _ in range(k):  # one subtraction per task, as `take` did: the same floats
                 item.cpus_free -= unit.cpus
