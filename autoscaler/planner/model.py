@@ -174,27 +174,17 @@ class PlanInput:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """One new instance, answering `team`'s queued tasks as `answers`: (queue, GPUs per
-    task, tasks) counts, first placed first; or, with `gang` set, the `nodes` machines
-    of the offering a gang still lacks, launched as one unit (one
-    `LaunchRequest(nodes=..., gang=...)`, one zone).
-
-    Counts, not one entry per task: a plan at 10x answers ~100,000 tasks, and machines
-    bought alike (same pool, offering, team, answers) are one `Launch` object repeated
-    in `Plan.launches`, so what a plan keeps alive grows with its distinct launches."""
+    """One new instance, answering `answers` (queue, gpus) units of `team`'s demand; or,
+    with `gang` set, the `nodes` machines of the offering a gang still lacks, launched
+    as one unit (one `LaunchRequest(nodes=..., gang=...)`, one zone)."""
 
     pool: str
     offering: OfferingView
     team: str
-    answers: tuple[tuple[str, int, int], ...]
+    answers: tuple[tuple[str, int], ...]
     reason: str
     nodes: int = 1
     gang: str | None = None
-
-    @property
-    def tasks(self) -> int:
-        """Queued tasks this launch answers."""
-        return sum(n for _, _, n in self.answers)
 
     @property
     def gpus(self) -> int:
@@ -256,7 +246,7 @@ class Plan:
                     "team": x.team,
                     "gpus": x.gpus,
                     "price": x.offering.hourly_price,
-                    "tasks": x.tasks,
+                    "tasks": len(x.answers),
                     "reason": x.reason,
                     **({"nodes": x.nodes, "gang": x.gang} if x.gang is not None else {}),
                 }

@@ -73,8 +73,10 @@ class _Unit:
     priority: int
     order: float  # oldest first within equal priorities (seconds since epoch)
     need: int  # planner units: GPUs, or one task slot for CPU work
-    # Built once per shape and shared: the key a bin counts this shape's tasks under.
-    answer: tuple[str, int]  # (queue, gpus), as in a launch's (queue, gpus, tasks) answers
+    # Built once per shape and shared, not per task: at 10x a plan appends ~100,000
+    # answers, and each fresh tuple would live until the plan is returned, feeding
+    # the garbage collector's full passes over the whole process.
+    answer: tuple[str, int]  # (queue, gpus), as recorded in a launch's answers
     team_queue: tuple[str, str]
     on_demand_first: bool = False  # retried after a spot reclaim: on-demand before spot
     cpus: float = 0.0
@@ -95,21 +97,6 @@ class _Run:
 
     unit: _Unit
     left: int
-    # The run's last purchase decision, reused while it provably stands (`_Packer._buy`).
-    offer: _Offer | None = None
-
-
-@dataclass(slots=True)
-class _Offer:
-    """A purchase decision for a run: the pool and offering `_Packer._offer` picked, the
-    capacity choice's words, the useful-GPU cap it was picked under, and the one
-    `Launch` of a machine the run fills at purchase (made once, shared)."""
-
-    pool: PoolView
-    offering: OfferingView
-    why: str
-    cap: int
-    full: Launch | None = None
 
 
 @dataclass(slots=True)
@@ -132,15 +119,13 @@ class _Slot:
 
 @dataclass(slots=True)
 class _Bin:
-    """A planned new instance being filled with one team's units, kept open (indexed)
-    while later runs of the team may still fill it. Machines that a run fills at
-    purchase are not bins: they are counted (`_Packer.bought`), one `Launch` for all."""
+    """A planned new instance being filled with one team's units."""
 
     team: str
     pool: str
     offering: OfferingView
     free: int
-    answers: dict[tuple[str, int], int] = field(default_factory=dict)  # (queue, gpus) -> tasks
+    answers: list[tuple[str, int]] = field(default_factory=list)
     cpus_free: float | None = None
     mem_free: int | None = None
     choice: str = ""  # why this capacity type, with the numbers (capacity choice)
@@ -307,50 +292,18 @@ class _FreeIndex(Generic[_Item]):
         return item.free >= unit.need and _room_for(item, unit)
 
     def take(self, pos: int, unit: _Unit) -> _Item:
-        return self.take_many(pos, unit, 1)
-
-    def room(self, pos: int, unit: _Unit, limit: int) -> int:
-        """How many units of `unit`, at most `limit`, the item at `pos` still takes: the
-        tasks one `take` after another would put there before `can_take` said no."""
-        item = self._items[pos]
-        n = min(item.free // unit.need, limit)
-        if not unit.sized or n == 0:
-            return n
-        return _sized_room(item.free, item.cpus_free, item.mem_free, unit, n)
-
-    def take_many(self, pos: int, unit: _Unit, k: int) -> _Item:
-        """`take` k times (the caller checked `room`), indexing the item once at the end."""
         item = self._items[pos]
         was_open = item.free > 0
-        item.free -= unit.need * k
+        item.free -= unit.need
         if was_open and item.free <= 0:
             self._open -= 1
         if unit.cpus > 0 and item.cpus_free is not None:
-            for _ in range(k):  # one subtraction per task, as `take` did: the same floats
-                item.cpus_free -= unit.cpus
+            item.cpus_free -= unit.cpus
         if unit.memory_mb > 0 and item.mem_free is not None:
-            item.mem_free -= unit.memory_mb * k
+            item.mem_free -= unit.memory_mb
         if item.free > 0:
             heapq.heappush(self._kind_of[pos].setdefault(item.free, []), pos)
         return item
-
-
-def _sized_room(free: int, cpus_free: float | None, mem_free: int | None, unit: _Unit, limit: int) -> int:
-    """Units of a CPU- or memory-asking `unit` that fit in that much room, one at a time
-    (floats subtracted the way `take` does, so the count is the per-task answer)."""
-    k = 0
-    while k < limit and free >= unit.need:
-        if unit.cpus > 0 and cpus_free is not None:
-            if cpus_free + 1e-9 < unit.cpus:
-                break
-            cpus_free -= unit.cpus
-        if unit.memory_mb > 0 and mem_free is not None:
-            if mem_free < unit.memory_mb:
-                break
-            mem_free -= unit.memory_mb
-        free -= unit.need
-        k += 1
-    return k
 
 
 def _pool_cost(pool: PoolView) -> float:
@@ -531,24 +484,19 @@ class _OfferingChooser:
         ranked.sort(key=lambda r: (r[0], r[1]))
         return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied, choice)
 
-    def biggest(self, pool: PoolView) -> int:
-        """GPUs of the pool's largest offering, at least 1."""
-        biggest = self._biggest.get(pool.name)
-        if biggest is None:
-            biggest = self._biggest[pool.name] = max(max([o.gpus for o in pool.offerings], default=0), 1)
-        return biggest
-
-    def useful_cap(self, pool: PoolView, unit: _Unit, want_gpus: int) -> int:
-        """Useful GPUs are min(offering GPUs, the team's queued GPUs in this queue, at
-        least this task's). Past the pool's largest machine the wish changes nothing,
-        so it is capped there to keep the memo small; CPU work ignores it."""
-        return min(max(want_gpus, unit.gpus), self.biggest(pool)) if unit.gpus > 0 else 0
-
     def choose(
         self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
     ) -> tuple[OfferingView | None, str]:
         """The offering to launch for `unit`, or None and why not."""
-        useful_cap = self.useful_cap(pool, unit, want_gpus)
+        # Useful GPUs are min(offering GPUs, the team's queued GPUs in this queue, at
+        # least this task's). Past the pool's largest machine the wish changes nothing,
+        # so it is capped there to keep the memo small; CPU work ignores it.
+        useful_cap = 0
+        if unit.gpus > 0:
+            biggest = self._biggest.get(pool.name)
+            if biggest is None:
+                biggest = self._biggest[pool.name] = max([o.gpus for o in pool.offerings], default=0)
+            useful_cap = min(max(want_gpus, unit.gpus), max(biggest, 1))
         memo_key = (
             pool.name,
             unit.gpus,
@@ -847,14 +795,11 @@ def _fit_existing(
 
 
 _Shape = tuple[str, str, int, str | None, float, int]
-# A new machine in launch order: a bin still open to the team's later runs, or a
-# machine a run filled at purchase (its run's one Launch, the same object each time).
-_Bought = _Bin | Launch
 
 
 @dataclass(frozen=True, slots=True)
 class _Packed:
-    bins: list[_Bought]
+    bins: list[_Bin]
     held: Counter[tuple[str, str, str]]
     held_gpus: Counter[tuple[str, str, str]]
     count: Counter[str]
@@ -867,19 +812,13 @@ class _Packer:
     budget makes capacity short the shortage lands where the policy says it should.
     Each team's tasks are packed first-fit-decreasing into its own planned bins, and a
     new bin is bought from the first pool (rank order) that may take it, in the shape
-    the `_OfferingChooser` picks. Everything it changes is its own; `pack` hands it back.
-
-    The rule is per task ("the next task of the team whose turn it is goes into its
-    first fit, or a new machine, or is held"), but a step takes as many tasks of one
-    run as provably get the same answer: as many as the bin holds, the team's quota
-    allows and its fair-share turn lasts (`_turn`); and when the run buys machines,
-    as many machines as would be bought alike (`_alike`), each filled at purchase."""
+    the `_OfferingChooser` picks. Everything it changes is its own; `pack` hands it back."""
 
     def __init__(self, sc: _Scope, bounds: _Bounds, count: Counter[str], book: _TeamBook, type_ok: _TypeMatch) -> None:
         self.sc, self.bounds, self.book, self.type_ok = sc, bounds, book, type_ok
         self.count = Counter(count)
-        self.bought: list[_Bought] = []
-        # Each team's open bins per pool, indexed by free size for first fit.
+        self.bins: list[_Bin] = []
+        # Each team's new instances per pool, indexed by free size for first fit.
         self.bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
         self.chooser = _OfferingChooser(type_ok, sc.inp.capacity)
         self.held: Counter[tuple[str, str, str]] = Counter()
@@ -888,8 +827,7 @@ class _Packer:
         # A shape that could not get a new machine will not get one later in this plan:
         # counts only grow and headroom only shrinks, so the refusal is remembered.
         self.refused: dict[_Shape, str] = {}
-        self.served: Counter[str] = Counter()
-        self.heap: list[tuple[float, int, str]] = []
+        self._searched_none = False  # set by each _place
 
     def pack(self, remaining: list[tuple[_Unit, int]]) -> _Packed:
         for u, n in remaining:
@@ -899,7 +837,7 @@ class _Packer:
             by_tier[self.sc.tier(u.team)][u.team].append((u, n))
         for t in sorted(by_tier, reverse=True):
             self._pack_tier(by_tier[t])
-        return _Packed(self.bought, self.held, self.held_gpus, self.count)
+        return _Packed(self.bins, self.held, self.held_gpus, self.count)
 
     def _hold(self, u: _Unit, reason: str, n: int = 1) -> None:
         self.held[(u.team, u.queue, reason)] += n
@@ -908,7 +846,6 @@ class _Packer:
     def _pack_tier(self, teams: dict[str, list[tuple[_Unit, int]]]) -> None:
         sc, book = self.sc, self.book
         heap: list[tuple[float, int, str]] = []
-        self.heap = heap
         pending: dict[str, deque[_Run]] = {}
         for team, team_runs in teams.items():
             td = sc.tds[team]
@@ -924,9 +861,8 @@ class _Packer:
             team_runs.sort(key=lambda r: (-r[0].queue_priority, -r[0].priority, -r[0].gpus, r[0].order))
             pending[team] = deque(_Run(u, n) for u, n in team_runs)
             heapq.heappush(heap, (book.share(team), 0, team))
-        served = self.served
-        # Each team's last placement (its run, its bin, and whether the last search of
-        # its bins for that run's shape found none), kept across turns: only the team
+        served: Counter[str] = Counter()
+        # Each team's last placement (its run and bin), kept across turns: only the team
         # fills its own bins, so when its turn comes back nothing ahead of that bin has
         # changed, and the same shape's first fit is still that bin while it has room.
         last: dict[str, tuple[_Run | None, tuple[_FreeIndex[_Bin], int] | None, bool]] = {}
@@ -938,43 +874,32 @@ class _Packer:
             while True:
                 run = queue_of_team[0]
                 u = run.unit
-                placed = 0
-                left = book.quota_left(team)
-                if left is not None and u.gpus > left:
-                    # Held tasks give the team nothing, so the quota stays short for
-                    # the rest of the run this turn.
-                    n = self._turn(team, run.left, 0)
-                    self._hold(u, book.quota_reason(u, left), n)
-                    at, searched = None, False
-                else:
-                    # Tasks the quota lets start from here, one u.gpus at a time.
-                    limit = run.left if left is None or u.gpus == 0 else min(run.left, left // u.gpus)
-                    if at is not None and run is prev and at[0].can_take(at[1], u):
-                        # The task before this one was the same shape, for the same team,
-                        # and went into a bin that still has room: that bin is this task's
-                        # first fit too. Bins ahead of it did not fit that shape and have
-                        # not changed since (only this team fills its bins).
-                        n = placed = self._fill(team, at, u, limit)
-                    elif run is prev and searched:
-                        # The last search of this team's bins for this shape found none,
-                        # and the only bins added since (bought for it) have no room
-                        # left: the search would find none again, so go straight to buying.
-                        at, n, placed = self._buy(team, run, td, limit)
-                    else:
-                        found = self._search(u)
-                        searched = found is None
-                        if found is not None:
-                            at = found
-                            n = placed = self._fill(team, at, u, limit)
-                        else:
-                            at, n, placed = self._buy(team, run, td, limit)
-                if placed:
-                    book.allocated[team] += u.gpus * placed
-                    self.want[u.team_queue] -= u.gpus * placed
-                served[team] += n
-                run.left -= n
+                run.left -= 1
                 if run.left == 0:
                     queue_of_team.popleft()
+                left = book.quota_left(team)
+                if left is not None and u.gpus > left:
+                    self._hold(u, book.quota_reason(u, left))
+                    at, searched = None, False
+                elif at is not None and run is prev and at[0].can_take(at[1], u):
+                    # The task before this one was the same shape, for the same team,
+                    # and went into a bin that still has room: that bin is this task's
+                    # first fit too. Bins ahead of it did not fit that shape and have
+                    # not changed since (only this team fills its bins), so the search
+                    # in _place would end there: skip it.
+                    at[0].take(at[1], u).answers.append(u.answer)
+                elif run is prev and searched:
+                    # The last search of this team's bins for this shape found none, and
+                    # the only bin added since (the one bought for it) has no room left:
+                    # the search would find none again, so go straight to buying.
+                    at = self._place(u, td, search_bins=False)
+                else:
+                    at = self._place(u, td)
+                    searched = self._searched_none
+                if at is not None:
+                    book.allocated[team] += u.gpus
+                    self.want[u.team_queue] -= u.gpus
+                served[team] += 1
                 prev = run
                 if not queue_of_team:
                     break
@@ -988,63 +913,31 @@ class _Packer:
                     last[team] = (prev, at, searched)
                     break
 
-    def _turn(self, team: str, n: int, gpus_each: int) -> int:
-        """Of the team's next `n` tasks (each given `gpus_each` GPUs), how many it deals
-        with before its turn ends: the turn ends after the first task whose key
-        (share, tasks served, name) passes the heap's head. Keys only grow with each
-        task, so the first such task is found by bisection, with the very expression
-        `share` computes after that many tasks (the same floats)."""
-        heap = self.heap
-        if not heap or n <= 1:
-            return n
-        head, book = heap[0], self.book
-        base = book.running.get(team, 0) + book.allocated[team]
-        weight, served = book.weight[team], self.served[team]
-
-        def ends(i: int) -> bool:
-            return head < ((base + i * gpus_each) / weight, served + i, team)
-
-        if not ends(n):
-            return n
-        lo, hi = 1, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ends(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _fill(self, team: str, at: tuple[_FreeIndex[_Bin], int], u: _Unit, limit: int) -> int:
-        """Put as many of the run's next tasks as fit, the quota allows (`limit`) and the
-        turn lasts into the bin at `at` (its first fit); returns how many."""
-        index, pos = at
-        k = self._turn(team, index.room(pos, u, limit), u.gpus)
-        b = index.take_many(pos, u, k)
-        b.answers[u.answer] = b.answers.get(u.answer, 0) + k
-        return k
-
-    def _search(self, u: _Unit) -> tuple[_FreeIndex[_Bin], int] | None:
-        """First fit over the team's open bins, pools in the queue's rank order: a bin
-        already planned for this team is free, before buying another machine."""
+    def _place(self, u: _Unit, td: TeamDecision, *, search_bins: bool = True) -> tuple[_FreeIndex[_Bin], int] | None:
+        """Place one task in a bin of its team (new or not): where, or None if held.
+        `search_bins=False`: the caller knows no bin of the team fits it. Afterwards
+        `_searched_none` says whether no existing bin fitted (the task was held, or a
+        new bin was bought for it)."""
+        sc, inp = self.sc, self.sc.inp
+        # A bin already planned for this team is free: first fit over them, pools in
+        # the queue's rank order, before buying another machine.
         team_bins = self.bins_by[u.team]
-        for pool in self.sc.ranked.get(u.queue, ()):
-            index = team_bins.get(pool.name)
-            if index is not None:
-                pos = index.first_fit(u, self.type_ok)
-                if pos is not None:
-                    return index, pos
-        return None
-
-    def _offer(self, u: _Unit, td: TeamDecision) -> tuple[PoolView, OfferingView, str] | str:
-        """The pool and offering of a new machine for `u` (and the capacity choice's
-        words), or why none may be bought."""
+        self._searched_none = False
+        if search_bins:
+            for pool in sc.ranked.get(u.queue, ()):
+                index = team_bins.get(pool.name)
+                if index is not None:
+                    pos = index.first_fit(u, self.type_ok)
+                    if pos is not None:
+                        index.take(pos, u).answers.append(u.answer)
+                        return index, pos
+        self._searched_none = True
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
-        refused = self.refused.get(shape)
-        if refused is not None:
-            return refused
+        if shape in self.refused:
+            self._hold(u, self.refused[shape])
+            return None
         reasons: list[str] = []
-        sc, inp, max_eff = self.sc, self.sc.inp, self.bounds.max_eff
+        max_eff = self.bounds.max_eff
         for pool in sc.ranked.get(u.queue, ()):
             if pool.static:
                 reasons.append(f"static pool {pool.name} is full")
@@ -1062,121 +955,35 @@ class _Packer:
             if offering is None:
                 reasons.append(why)
                 continue
-            return pool, offering, why
+            b = _Bin(
+                u.team,
+                pool.name,
+                offering,
+                (offering.gpus or 1) - u.need,
+                [u.answer],
+                offering.cpus - u.cpus if u.cpus > 0 else offering.cpus,
+                offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb,
+                why,
+            )
+            index = team_bins.get(pool.name)
+            if index is None:
+                index = team_bins[pool.name] = _FreeIndex()
+            pos = index.add(b, offering.gpus > 0, offering.gpu_type)
+            self.bins.append(b)
+            self.count[pool.name] += 1
+            self.book.headroom[u.team] -= offering.hourly_price
+            return index, pos
         self.refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
-        return self.refused[shape]
-
-    def _alike(self, pool: PoolView, offering: OfferingView, u: _Unit, per: int, most: int) -> int:
-        """How many machines in a row (at most `most`), each filled with `per` tasks of
-        `u`, `_offer` would buy exactly as this one: pools ahead of `pool` refused for
-        reasons that only get stronger (counts grow, headroom shrinks), so the answer
-        stays while the pool is under its max, the headroom affords the offering and
-        the team's queued GPUs (the useful-GPU cap of the choice) leave the choice's
-        input unchanged."""
-        most = min(most, self.bounds.max_eff[pool.name] - self.count[pool.name])
-        if u.gpus > 0 and most > 1:
-            biggest, want = self.chooser.biggest(pool), self.want[u.team_queue]
-            if u.gpus < biggest and want > u.gpus:
-                # The cap is min(want, biggest) while want > gpus: it stays only while
-                # want stays at or above biggest, and want drops per * gpus per machine.
-                most = min(most, (want - biggest) // (per * u.gpus) + 1) if want >= biggest else 1
-        headroom = self.book.headroom[u.team]
-        if headroom != INF:
-            n = 0
-            while n < most and offering.hourly_price <= headroom + 1e-9:
-                headroom -= offering.hourly_price
-                n += 1
-            most = n
-        return max(most, 1)
-
-    def _standing(self, run: _Run) -> _Offer | None:
-        """The run's last purchase decision if `_offer` would give it again: pools
-        ahead of it refused for reasons that only get stronger, and the pool is still
-        under its max, the headroom still affords the offering and the useful-GPU cap
-        is unchanged (teams take turns, so this spares the search on each turn)."""
-        o = run.offer
-        if o is None:
-            return None
-        u, name = run.unit, o.pool.name
-        if self.count[name] >= self.bounds.max_eff[name]:
-            return None
-        if o.offering.hourly_price > self.book.headroom[u.team] + 1e-9:
-            return None
-        if self.chooser.useful_cap(o.pool, u, self.want[u.team_queue]) != o.cap:
-            return None
-        return o
-
-    def _buy(
-        self, team: str, run: _Run, td: TeamDecision, limit: int
-    ) -> tuple[tuple[_FreeIndex[_Bin], int] | None, int, int]:
-        """Buy for the run's next tasks: machines alike, each filled at purchase, the
-        last one left open (a bin) if it has room; or hold the tasks if no machine may
-        be bought. Returns the open bin (or None), the tasks dealt with and placed."""
-        u = run.unit
-        standing = self._standing(run)
-        if standing is None:
-            offer = self._offer(u, td)
-            if isinstance(offer, str):
-                n = self._turn(team, run.left, 0)
-                self._hold(u, offer, n)
-                return None, n, 0
-            pool, offering, why = offer
-            cap = self.chooser.useful_cap(pool, u, self.want[u.team_queue])
-            standing = run.offer = _Offer(pool, offering, why, cap)
-        pool, offering, why = standing.pool, standing.offering, standing.why
-        size = offering.gpus or 1
-        # Machines that end full are bought alike in one step; a machine a task of this
-        # shape leaves room on (or one that CPUs and memory limit) is one bin per step.
-        per = size // u.need if not u.sized and size % u.need == 0 else 0
-        if per:
-            k = self._turn(team, min(limit, per * self._alike(pool, offering, u, per, -(-limit // per))), u.gpus)
-        else:
-            free = size - u.need
-            cpus = offering.cpus - u.cpus if u.cpus > 0 else offering.cpus
-            mem = offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb
-            k = self._turn(team, 1 + (_sized_room(free, cpus, mem, u, limit - 1) if limit > 1 else 0), u.gpus)
-        full, rest = divmod(k, per) if per else (0, k)
-        machines = full + (1 if rest else 0)
-        self.count[pool.name] += machines
-        for _ in range(machines):
-            self.book.headroom[team] -= offering.hourly_price  # per machine, as bought one by one
-        if full:
-            launch = standing.full
-            if launch is None:
-                answers = {u.answer: per}
-                launch = standing.full = Launch(
-                    pool.name, offering, team, _answers(answers), _reason(team, offering, answers, why)
-                )
-            self.bought += [launch] * full
-        if not rest:
-            return None, k, k
-        b = _Bin(team, pool.name, offering, size, {}, offering.cpus, offering.memory_mb, why)
-        team_bins = self.bins_by[team]
-        index = team_bins.get(pool.name)
-        if index is None:
-            index = team_bins[pool.name] = _FreeIndex()
-        pos = index.add(b, offering.gpus > 0, offering.gpu_type)
-        index.take_many(pos, u, rest)
-        b.answers[u.answer] = rest
-        self.bought.append(b)
-        return (index, pos), k, k
+        self._hold(u, self.refused[shape])
+        return None
 
 
-def _answers(counts: dict[tuple[str, int], int]) -> tuple[tuple[str, int, int], ...]:
-    return tuple((q, g, n) for (q, g), n in counts.items())
-
-
-def _team_launches(dec: Decision, bought: list[_Bought]) -> list[Launch]:
+def _team_launches(dec: Decision, bins: list[_Bin]) -> list[Launch]:
     if dec.fail_safe:
         # Fail-safe means hold. Every team is frozen then, so nothing above launched;
         # this keeps it so whatever a failed decision carries.
         return []
-    return [
-        Launch(x.pool, x.offering, x.team, _answers(x.answers), _reason(x.team, x.offering, x.answers, x.choice))
-        if isinstance(x, _Bin)
-        else x  # a machine filled at purchase: its run's one Launch
-        for x in bought
-    ]
+    return [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in bins]
 
 
 def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[list[Launch], list[str], Counter[str]]:
@@ -1372,13 +1179,9 @@ def _plan_gangs(
         )
         if pool.max_gang_nodes is not None and missing > pool.max_gang_nodes:
             # The driver cannot launch them as one unit: one machine per launch.
-            launches.extend(
-                Launch(pool.name, offering, u.team, ((u.queue, u.gpus, 1),), reason) for _ in range(missing)
-            )
+            launches.extend(Launch(pool.name, offering, u.team, (u.answer,), reason) for _ in range(missing))
         else:
-            launches.append(
-                Launch(pool.name, offering, u.team, ((u.queue, u.gpus, 1),), reason, nodes=missing, gang=g.gang)
-            )
+            launches.append(Launch(pool.name, offering, u.team, (u.answer,), reason, nodes=missing, gang=g.gang))
     return _GangPlan(launches, holds, placed, count)
 
 
@@ -1475,15 +1278,14 @@ def _cheapest(pool: PoolView) -> OfferingView | None:
     return min(usable, key=lambda o: (order(o.capacity_type), o.hourly_price, o.instance_type))
 
 
-def _reason(team: str, offering: OfferingView, answers: dict[tuple[str, int], int], choice: str) -> str:
-    tasks = sum(answers.values())
-    gpus = sum(g * n for (_, g), n in answers.items())
-    queues = ", ".join(sorted({q for q, _ in answers}))
+def _launch_reason(b: _Bin) -> str:
+    gpus = sum(g for _, g in b.answers)
+    queues = ", ".join(sorted({q for q, _ in b.answers}))
     what = f"{gpus} GPU(s)" if gpus else "CPU work"
     return (
-        f"team {team}: {tasks} queued task(s) in {queues} need {what}; "
-        f"{offering.key} at {offering.hourly_price:.2f} USD/h"
-    ) + (f"; capacity: {choice}" if choice else "")
+        f"team {b.team}: {len(b.answers)} queued task(s) in {queues} need {what}; "
+        f"{b.offering.key} at {b.offering.hourly_price:.2f} USD/h"
+    ) + (f"; capacity: {b.choice}" if b.choice else "")
 
 
 _Ranked = list[tuple[tuple[float | int | str, ...], int, OfferingView]]

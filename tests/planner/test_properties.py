@@ -103,12 +103,12 @@ def test_every_launched_gpu_answers_pending_demand(inp: PlanInput) -> None:
     answered: Counter[tuple[str, str, int]] = Counter()
     for x in p.launches:
         assert x.answers, "a launch that answers no queued task"
-        used = sum((max(g, 1) if x.offering.gpus else 1) * n for _, g, n in x.answers)
+        used = sum(max(n, 1) if x.offering.gpus else 1 for _, n in x.answers)
         assert used <= max(x.offering.gpus, 1)
         # The machine is no bigger than needed by more than one of its smallest tasks' worth:
         # every GPU bought beyond the answered ones is the rounding of one shape.
-        for q, want, n in x.answers:
-            answered[(x.team, q, want)] += n
+        for q, want in x.answers:
+            answered[(x.team, q, want)] += 1
             assert (want == 0) == (x.offering.gpus == 0), "GPU machines only for GPU work"
     for key, n in answered.items():
         assert n <= pending[key]
