@@ -178,7 +178,7 @@ class _FreeIndex(Generic[_Item]):
     indexed, since every unit needs at least 1.
     """
 
-    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members")
+    __slots__ = ("_items", "_kind_key", "_kind_of", "_kinds", "_members", "_open")
 
     def __init__(self) -> None:
         self._items: list[_Item] = []
@@ -189,6 +189,9 @@ class _FreeIndex(Generic[_Item]):
         self._members: dict[tuple[bool, str | None, Machine | None], list[int]] = {}
         self._kind_of: list[dict[int, list[int]]] = []
         self._kind_key: list[Machine | None] = []
+        # Items with anything free: a busy fleet's index is often all full, and then
+        # every lookup (one per run and pool in step 2) answers at once.
+        self._open = 0
 
     def add(self, item: _Item, gpu_machine: bool, gpu_type: str | None, machine: Machine | None = None) -> int:
         kind = (gpu_machine, gpu_type, machine)
@@ -200,6 +203,7 @@ class _FreeIndex(Generic[_Item]):
         self._members.setdefault(kind, []).append(pos)
         if item.free > 0:
             heapq.heappush(buckets.setdefault(item.free, []), pos)
+            self._open += 1
         return pos
 
     def free_at(self, pos: int) -> int:
@@ -208,6 +212,8 @@ class _FreeIndex(Generic[_Item]):
     def first_fit(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool] | None = None) -> int | None:
         """Position of the first item `unit` fits on, or None. `admit` says whether the
         unit's team may use a machine (items without one, planned bins, always may)."""
+        if not self._open:
+            return None
         best: int | None = None
         need = unit.need
         items = self._items
@@ -261,6 +267,8 @@ class _FreeIndex(Generic[_Item]):
         or held there) that fit `unit` and admit it: the machines a gang's ranks may
         count on, one rank each. A plain scan: gangs are few."""
         out: list[int] = []
+        if not self._open:
+            return out
         for pos, item in enumerate(self._items):
             if len(out) >= limit:
                 break
@@ -285,7 +293,10 @@ class _FreeIndex(Generic[_Item]):
 
     def take(self, pos: int, unit: _Unit) -> _Item:
         item = self._items[pos]
+        was_open = item.free > 0
         item.free -= unit.need
+        if was_open and item.free <= 0:
+            self._open -= 1
         if unit.cpus > 0 and item.cpus_free is not None:
             item.cpus_free -= unit.cpus
         if unit.memory_mb > 0 and item.mem_free is not None:

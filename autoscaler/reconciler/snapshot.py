@@ -364,8 +364,31 @@ _DemandKey = tuple[
 ]
 
 
-def _null_first(v: object) -> tuple[bool, object]:
-    return (v is not None, v)
+def _order_key(k: _DemandKey) -> tuple[object, ...]:
+    """The groups' order: shape columns ascending, NULLs first, as one flat tuple (the
+    former key was a pair per column, twelve tuples per group per cycle). Queue, team,
+    the reclaim flag and the interruptions are never NULL."""
+    q, t, g, gt, prio, reclaimed, c, mem, runtime_s, checkpoints, reclaims = k
+    return (
+        q,
+        t,
+        g is not None,
+        g,
+        gt is not None,
+        gt,
+        prio is not None,
+        prio,
+        reclaimed,
+        c is not None,
+        c,
+        mem is not None,
+        mem,
+        runtime_s is not None,
+        runtime_s,
+        checkpoints is not None,
+        checkpoints,
+        reclaims,
+    )
 
 
 def _shape_columns() -> tuple[Any, ...]:
@@ -529,10 +552,7 @@ def _demand(session: Session) -> tuple[DemandGroup, ...]:
     _split_by_reclaims(counts, oldest_of, session)
     for key in [k for k, n in counts.items() if n <= 0]:
         del counts[key], oldest_of[key]
-    groups = [
-        _group(shape, counts[shape], oldest_of[shape])
-        for shape in sorted(counts, key=lambda k: tuple(_null_first(v) for v in k))
-    ]
+    groups = [_group(shape, counts[shape], oldest_of[shape]) for shape in sorted(counts, key=_order_key)]
     return (*groups, *gangs)
 
 
