@@ -10,6 +10,7 @@ the typed fields of `Runtime` and `AppContext`.
 from __future__ import annotations
 
 import errno
+import gc
 import ipaddress
 import logging
 import os
@@ -284,6 +285,12 @@ def serve(
     for warning in config.warnings():
         announce(f"warning: {warning}")
     (runtime.home / SERVER_URL_FILE).write_text(url + "\n")
+    # What start-up built (modules, mappers, config, the policy bundle) lives as long as
+    # the process: out of the collector's sight, each full collection walks only what
+    # the running loop keeps (bench/reconcile_cycle.py --gc-freeze: a 1x cycle's full
+    # collections 215-414 -> 39 ms). Collected first so no start-up garbage is frozen.
+    gc.collect()
+    gc.freeze()
     runtime.scheduler.start()
     try:
         if workers > 1:
