@@ -11,8 +11,8 @@ bound and both baselines in one process, prints wall time, cycles, the gangs' fi
 md, PNGs) under --out. The JSON line also gives the wall time per phase of the real
 cycle (`phase_ms_per_cycle`: the cycle's own timings, `record` for the admission write
 and decision record after `act`, `agents_and_events` for everything outside the cycle:
-the simulated agents' calls and the event loop) and the process CPU time, which is the
-comparable figure on a loaded machine.
+the simulated agents' calls and the event loop) and the CPU time of the run (start-up
+included), which is the comparable figure on a loaded machine.
 """
 
 from __future__ import annotations
