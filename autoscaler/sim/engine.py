@@ -25,6 +25,7 @@ import heapq
 import itertools
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -155,6 +156,7 @@ class InstanceTrack:
     launched_s: float
     ready_s: float | None = None
     preempted: bool = False
+    notice_s: float | None = None  # when the cloud shows its spot notice (virtual seconds)
 
 
 @dataclass
@@ -193,6 +195,11 @@ class SimOutcome:
     sessions: sessionmaker[Session]
     wall_s: float = 0.0
     keepalive: Any = None  # the database and its tmp dir, alive as long as the outcome
+    # Wall seconds per phase of the real cycle (its own timings, plus `record`: the
+    # admission write and the decision record after `act`), and `cycles`, whole cycles;
+    # for the bench's speed figures, never part of the report (which must not depend
+    # on the machine).
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 Progress = Callable[[float, float], None]  # (virtual seconds done, virtual seconds expected)
@@ -266,6 +273,7 @@ class Simulation:
         self._tick_at: float | None = None
         self._prev_cycle_s = -math.inf
         self._forced_done = False
+        self.phases_s: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the loop
 
@@ -322,6 +330,7 @@ class Simulation:
             self.team_gpu_s,
             self.preemptions,
             self.sessions,
+            phases_s=dict(self.phases_s),
         )
 
     def _settle_running(self) -> None:
@@ -706,11 +715,13 @@ class Simulation:
     def _cycle(self) -> CycleResult:
         now = self.clock.now()
         self.ops.heartbeat_all(now=now)
+        t0 = time.perf_counter()
         result = self.reconciler.run_cycle()
+        self._time_phases(result, time.perf_counter() - t0)
         self._note(result)
         self._launched(result)
         self._terminated(result)
-        self._drains()
+        self._drains(result)
         self.samples.append(
             Sample(
                 self.now_s,
@@ -721,6 +732,17 @@ class Simulation:
             )
         )
         return result
+
+    def _time_phases(self, result: CycleResult, wall_s: float) -> None:
+        phases = self.phases_s
+        for name, ms in result.timings_ms.items():
+            if name != "total":
+                phases[name] = phases.get(name, 0.0) + ms / 1000.0
+        # What run_cycle times itself ends at `act`; the rest is the admission write and
+        # the decision record (with the ledger's accrual).
+        record = wall_s - result.timings_ms.get("total", 0.0) / 1000.0
+        phases["record"] = phases.get("record", 0.0) + record
+        phases["cycles"] = phases.get("cycles", 0.0) + wall_s
 
     def _note(self, result: CycleResult) -> None:
         ev = self.policy.last
@@ -776,7 +798,8 @@ class Simulation:
         self.fakes[inst.pool].schedule_preemption(
             inst.provider_instance_id, self.settings.start + timedelta(seconds=at), notice_s=notice
         )
-        self._push(max(at - notice, self.now_s), Ev.WAKE, ("notice", inst.id))
+        track.notice_s = max(at - notice, self.now_s)
+        self._push(track.notice_s, Ev.WAKE, ("notice", inst.id))
         self._push(at, Ev.PREEMPT, inst.id)
 
     def _terminated(self, result: CycleResult) -> None:
@@ -792,8 +815,15 @@ class Simulation:
                 self._forget_reservations(agent)
         self._poll_agents()
 
-    def _drains(self) -> None:
+    def _drains(self, result: CycleResult) -> None:
         """Agents learn of a drain (idle timeout, budget, spot notice) as on a heartbeat."""
+        if not result.drained and not self._unaware_of_notice():
+            # Nothing to learn, so no query (most cycles drain nothing): the plan's
+            # drains are in `result.drained`, and a spot notice's drain (the sync's)
+            # can reach only an agent that has not stopped for the notice itself yet (it
+            # registered after the notice, or the notice shows at this very instant,
+            # before its event is handled); an agent's own drain the simulator knows.
+            return
         with self.sessions() as s:
             rows = list(s.execute(select(Worker.id, Worker.drain_deadline).where(Worker.state == "draining")))
         for wid, deadline in rows:
@@ -811,6 +841,17 @@ class Simulation:
                 dl = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
                 at = max((dl - self.settings.start).total_seconds(), self.now_s)
             self._push(at, Ev.DEADLINE, wid)
+
+    def _unaware_of_notice(self) -> bool:
+        """A live agent not draining on a machine whose spot notice is shown by now."""
+        for wid in self._live:
+            agent = self.agents[wid]
+            if agent.gone or agent.draining:
+                continue
+            notice = self.instances[agent.instance_id].notice_s
+            if notice is not None and notice <= self.now_s:
+                return True
+        return False
 
 
 def kept_s(ran_s: float, every_s: float | None, *, told_to_stop: bool) -> float:

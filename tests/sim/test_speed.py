@@ -93,3 +93,26 @@ def test_clearml_style_ends_at_the_horizon_with_long_tasks() -> None:
     assert out["counts"]["preemptions"] > 0
     # It paid for machines but finished no work: no price per finished GPU-hour.
     assert out["total_cost_usd"] > 0 and out["usd_per_completed_gpu_hour"] is None
+
+
+def _always_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain look-up on every cycle, as before it was skipped."""
+    monkeypatch.setattr(sim_engine.Simulation, "_unaware_of_notice", lambda self: True)
+
+
+def test_skipped_drain_lookup_changes_no_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The spot machine's notice shows 100 s after its launch, its agent registers at
+    # 200 s (it never saw the notice, so it leases and runs the task) and the reclaim
+    # comes at 500 s: only the sync's notice drain tells that agent, so the look-up
+    # must run then. The run must equal the one that looks on every cycle.
+    def world(d: Path) -> Any:
+        d.mkdir()
+        s = settings(boot_delay_s=(200.0, 200.0), reclaim_first_spot_after_s=500.0, notice_s=400.0)
+        return run(tasks(("a", 0.0, 3600.0, 1), ("a", 700.0, 1800.0, 1)), one_pool(("a",)), d, s)
+
+    skipped = world(tmp_path / "skipped")
+    _always_look(monkeypatch)
+    looked = world(tmp_path / "looked")
+    assert skipped.preemptions == looked.preemptions == 1
+    assert metrics.ours(skipped, None) == metrics.ours(looked, None)
+    assert [(c.t_s, c.launches) for c in skipped.cycles] == [(c.t_s, c.launches) for c in looked.cycles]
