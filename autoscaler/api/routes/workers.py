@@ -21,6 +21,7 @@ from autoscaler.api.schemas import (
     HeartbeatIn,
     HeartbeatOut,
     LeasedTaskOut,
+    LeaseIn,
     LeaseOut,
     LogsIn,
     RegisterIn,
@@ -130,18 +131,23 @@ def _verify_identity(ctx: AppContext, reg: ops.Registration, token: ApiToken, ev
 def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> HeartbeatOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        reply = ops.heartbeat(
-            s,
-            worker_id,
-            now=ctx.clock.now(),
-            gpu_metrics=[m.model_dump() for m in body.gpu_metrics],
-            running=list(body.running),
-            draining=body.draining,
-            preempted=body.preempted,
-            preempt_reason=body.preempt_reason,
-            preempt_deadline=body.preempt_deadline,
-            gpu_sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
-        )
+        return _heartbeat(s, ctx, worker_id, body)
+
+
+def _heartbeat(session: Session, ctx: AppContext, worker_id: str, body: HeartbeatIn) -> HeartbeatOut:
+    """One heartbeat, from its endpoint or carried by a lease (LeaseIn.heartbeat)."""
+    reply = ops.heartbeat(
+        session,
+        worker_id,
+        now=ctx.clock.now(),
+        gpu_metrics=[m.model_dump() for m in body.gpu_metrics],
+        running=list(body.running),
+        draining=body.draining,
+        preempted=body.preempted,
+        preempt_reason=body.preempt_reason,
+        preempt_deadline=body.preempt_deadline,
+        gpu_sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
+    )
     return HeartbeatOut(
         drain=reply.drain,
         drain_deadline=reply.drain_deadline,
@@ -165,30 +171,46 @@ async def lease(
             "(answered the moment a task fits); 0 answers at once.",
         ),
     ] = 0.0,
+    body: LeaseIn | None = None,
 ) -> LeaseOut:
     """The best queued task that fits this worker, or `{"task": null}`.
 
     With `wait_s`, an empty answer waits in the server (holding no database
     connection) and is retried when work is queued (autoscaler.api.longpoll). Each
     attempt is the ordinary lease in its own transaction, so what is handed out, and
-    every error, is the same as without waiting."""
+    every error, is the same as without waiting.
+
+    With a heartbeat in the body (an idle agent's, instead of a request of its own),
+    the first attempt records it first, in the same transaction; a worker the
+    heartbeat tells to drain or shut down is answered at once, without a lease."""
     deadline = time.monotonic() + wait_s
+    beat = body.heartbeat if body is not None else None
+    commands: HeartbeatOut | None = None
     while True:
-        out = await run_in_threadpool(_lease_once, worker_id, auth, ctx)
+        out = await run_in_threadpool(_lease_once, worker_id, auth, ctx, beat)
+        # Recorded once: a retry after a wake-up is only the lease, answered with the
+        # first attempt's commands.
+        beat, commands = None, out.heartbeat or commands
+        out.heartbeat = commands
         left = deadline - time.monotonic()
         # A rank of a forming gang is answered at once: its agent polls for the start.
         if out.task is not None or out.reserved or left <= 0 or ctx.lease_waiters.closed:
             return out
+        if commands is not None and (commands.shutdown or commands.drain):
+            return out
         await ctx.lease_waiters.wait(left)
 
 
-def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext) -> LeaseOut:
+def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext, beat: HeartbeatIn | None = None) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
+        commands = _heartbeat(s, ctx, worker_id, beat) if beat is not None else None
+        if commands is not None and (commands.shutdown or commands.drain):
+            return LeaseOut(task=None, heartbeat=commands)  # no lease for a worker that is leaving
         task = task_ops.lease(s, worker_id, now=ctx.clock.now(), gang_settings=gang_settings(ctx))
         if task is None:
-            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id))
-        return LeaseOut(task=leased_task(s, ctx, worker_id, task))
+            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id), heartbeat=commands)
+        return LeaseOut(task=leased_task(s, ctx, worker_id, task), heartbeat=commands)
 
 
 def gang_settings(ctx: AppContext) -> gangs.GangSettings:
