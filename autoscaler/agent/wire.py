@@ -58,6 +58,8 @@ class Registered(_Reply):
     worker_token: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    # The server records a heartbeat carried by a lease (servers before it do not say so).
+    heartbeat_in_lease: bool = False
 
 
 class HeartbeatBody(BaseModel):
@@ -124,6 +126,7 @@ class LeasedTask(_Reply):
 class LeaseReply(_Reply):
     task: LeasedTask | None = None
     reserved: bool = False  # this worker holds a rank of a forming gang
+    heartbeat: Commands | None = None  # the reply to a heartbeat the lease carried
 
 
 class LogChunk(BaseModel):
