@@ -139,6 +139,7 @@ class Agent:
             return EXIT_DONE
         self.heartbeat_s = self.t.heartbeat_s or reg.heartbeat_interval_s
         self.heartbeat_in_lease = reg.heartbeat_in_lease
+        self.outbox.finish_with_logs = reg.finish_with_logs
         log.info(
             "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs; %s",
             reg.worker_id,

@@ -104,7 +104,8 @@ class ServerApi:
         self._call(self._worker(f"tasks/{task_id}/start"), {})
 
     def finish(self, task_id: str, body: FinishBody) -> None:
-        self._call(self._worker(f"tasks/{task_id}/finish"), body.model_dump())
+        # No `logs` key unless there are some: a server before FinishIn.logs refuses it.
+        self._call(self._worker(f"tasks/{task_id}/finish"), body.model_dump(exclude=None if body.logs else {"logs"}))
 
     def logs(self, task_id: str, chunks: list[LogChunk]) -> None:
         self._call(self._worker(f"tasks/{task_id}/logs"), {"chunks": [c.model_dump() for c in chunks]})

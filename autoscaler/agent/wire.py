@@ -60,6 +60,7 @@ class Registered(_Reply):
     heartbeat_timeout_s: float
     # The server records a heartbeat carried by a lease (servers before it do not say so).
     heartbeat_in_lease: bool = False
+    finish_with_logs: bool = False  # the server takes a finish's last output in the finish
 
 
 class HeartbeatBody(BaseModel):
@@ -138,3 +139,4 @@ class FinishBody(BaseModel):
     reason: EndReason
     exit_code: int | None = None
     detail: str = ""
+    logs: list[LogChunk] = Field(default_factory=list)  # only to a server that takes them

@@ -326,6 +326,8 @@ class RegisterOut(BaseModel):
     # This server records a heartbeat carried by a lease (LeaseIn.heartbeat): an idle
     # agent may send its heartbeat with its long-poll instead of on its own.
     heartbeat_in_lease: bool = True
+    # This server takes a finish's last output in the finish (FinishIn.logs).
+    finish_with_logs: bool = True
 
 
 class GpuMetric(Body):
@@ -400,6 +402,9 @@ class FinishIn(Body):
     reason: Literal["exit", "canceled", "interrupted", "timeout", "start_failed"]
     exit_code: int | None = Field(None, ge=-255, le=255)
     detail: Annotated[str, StringConstraints(max_length=2000)] = ""
+    # The attempt's last output, kept as POST /logs keeps it, before the finish and in
+    # its transaction: a short task's end is one request, not two.
+    logs: list[LogChunkIn] = Field(default_factory=list, max_length=256)
 
 
 class DrainIn(Body):

@@ -5,7 +5,8 @@ serves by endpoint. Promises tried: an idle agent sends no heartbeat of its own,
 lease per heartbeat interval (before: a heartbeat and a long-poll per interval, twice
 the requests), and its worker stays alive on those leases alone; a worker that stops
 sending them is still marked lost, and told so when it comes back; a drain reaches an
-agent that only long-polls; an agent with a task heartbeats on its own as before.
+agent that only long-polls; an agent with a task heartbeats on its own as before,
+and a task's last output goes with its finish (one request, not two).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ IDLE = ["--heartbeat-interval", str(H), "--lease-wait", "20", "--lease-interval"
 
 
 class CountingApp:
-    """The app, counting the requests it serves by their last path segment."""
+    """The app, counting the agents' requests (POST /api/v1/workers/...) by their last
+    path segment; the test's own admin reads are not counted."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -38,7 +40,7 @@ class CountingApp:
         self._lock = threading.Lock()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/api/v1/workers/"):
             with self._lock:
                 self.calls[scope["path"].rstrip("/").rsplit("/", 1)[-1]] += 1
         await self.app(scope, receive, send)
@@ -125,14 +127,19 @@ def test_a_drain_reaches_an_agent_that_only_long_polls(counted: tuple[AgentHarne
 
 def test_an_agent_running_a_task_heartbeats_on_its_own(counted: tuple[AgentHarness, CountingApp]) -> None:
     harness, app = counted
-    agent = harness.start_agent(instance_id="i-busy", extra=IDLE)
+    # Output is sent every 30 s here, so all of it is the last and must go with the finish.
+    agent = harness.start_agent(instance_id="i-busy", extra=[*IDLE, "--log-flush", "30"])
     harness.worker_of("i-busy")
-    task = harness.enqueue(py("import time; time.sleep(4)"))
+    task = harness.enqueue(py("import time; time.sleep(4); print('last words')"))
     harness.wait_state(task, "running", timeout=30)
     before = app.snapshot()
     time.sleep(3 * H)
     during = app.snapshot() - before
     assert during["heartbeat"] >= 2, during  # the running task is reported by heartbeats
     assert harness.wait_state(task, "succeeded", "failed", timeout=30)["state"] == "succeeded"
+    # Its last output came with its finish: no upload of its own.
+    assert "last words" in harness.logs(task)
+    calls = app.snapshot()
+    assert (calls["start"], calls["finish"], calls["logs"]) == (1, 1, 0), calls
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=30) == 0, agent.log()

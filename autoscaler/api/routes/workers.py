@@ -31,16 +31,19 @@ from autoscaler.api.schemas import (
 )
 from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
+from autoscaler.lifecycle import RANK_ACTIVE
 from autoscaler.queueing import gangs
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
-from autoscaler.queueing.states import TaskState
+from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.state.models import ApiToken, Task, Worker
 from providers.identity import IdentityRefused, identity_verifier
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
+_ACTIVE = frozenset(s.value for s in ACTIVE)
+_RANK_ACTIVE = frozenset(s.value for s in RANK_ACTIVE)
 MAX_LEASE_WAIT_S = 60.0  # a long-poll lease waits at most this long (agents ask for less)
 
 
@@ -269,6 +272,8 @@ def start(worker_id: str, task_id: str, auth: Auth, ctx: Ctx) -> TaskOut:
 def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -> TaskOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
+        if body.logs and _attempt_open(s, worker_id, task_id):
+            task_ops.append_logs(s, worker_id, task_id, [(c.stream, c.data) for c in body.logs], now=ctx.clock.now())
         task = task_ops.finish(
             s, worker_id, task_id, now=ctx.clock.now(), reason=body.reason, exit_code=body.exit_code, detail=body.detail
         )
@@ -277,6 +282,18 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
     if out.state == TaskState.QUEUED.value:
         ctx.lease_waiters.notify(1)  # a failed attempt went back to the queue: someone may take it
     return out
+
+
+def _attempt_open(session: Session, worker_id: str, task_id: str) -> bool:
+    """Is this worker's attempt (or rank) of the task still running? A finish retried
+    after its reply was lost has been recorded already: its output was kept then."""
+    task = session.get(Task, task_id)
+    if task is None or task.state not in _ACTIVE:
+        return False
+    if gangs.is_gang(task):
+        rank = gangs.rank_of(session, task_id, worker_id)
+        return rank is not None and rank.state in _RANK_ACTIVE
+    return True
 
 
 @router.post("/{worker_id}/tasks/{task_id}/logs")
