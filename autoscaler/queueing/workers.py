@@ -483,11 +483,13 @@ def heartbeat(
 ) -> HeartbeatReply:
     """Record the worker alive; with `gpu_sample_interval_s`, its GPU figures are also kept
     as history (at most one sample per that interval; None: only the latest is kept)."""
-    conn = session.connection()
+    # Through the session, not its connection: it flushes pending changes first (a
+    # caller's unflushed task flags must be what this heartbeat reads) and keeps a
+    # worker the session holds in step with the UPDATE.
     params: dict[str, Any] = {"wid": worker_id, "now": now}
     if gpu_metrics is not None:
         params["metrics"] = gpu_metrics[:64]
-    touched = conn.execute(_TOUCH_METRICS if gpu_metrics is not None else _TOUCH, params).one_or_none()
+    touched = session.execute(_TOUCH_METRICS if gpu_metrics is not None else _TOUCH, params).one_or_none()
     if touched is None:
         if session.scalar(select(Worker.state).where(Worker.id == worker_id)) is None:
             raise NotFound(f"worker {worker_id} is not registered")
@@ -513,7 +515,7 @@ def heartbeat(
     if gpu_metrics is not None and gpu_sample_interval_s is not None:
         gpu_samples.record(session, worker_id, gpu_metrics[:64], now=now, interval_s=gpu_sample_interval_s)
     held: dict[str, tuple[str, bool, bool]] = {}  # task id -> state, cancel_requested, reclaim_requested
-    for task_id, task_state, cancel_requested, reclaim_requested, rank_id, rank_state in conn.execute(
+    for task_id, task_state, cancel_requested, reclaim_requested, rank_id, rank_state in session.execute(
         _HELD, {"wid": worker_id}
     ):
         if rank_id is None:
