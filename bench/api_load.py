@@ -7,10 +7,12 @@ uses --pg-url), registers agents with their own join tokens, then ramps the agen
 count. Every simulated agent does what `autoscaler agent` does on the wire:
 a heartbeat every 10 s (with the ids it runs); while idle, a long-poll lease that
 waits in the server until work fits or its next heartbeat is due (--lease-wait-s,
-the agent's --lease-wait); against a server that answers at once (no long-poll), or
+the agent's --lease-wait) and, where the server records it, carries the idle
+agent's heartbeat instead of a request of its own; against a server that answers at once (no long-poll), or
 with --lease-wait-s 0, a lease poll every 2 s backing off after empty polls as the
 agent does (2 s, 4 s, then every 5 s: --lease-max-s); no poll while its GPU is
-busy, and for each task: start, one log chunk, finish. Long-polls wait on purpose,
+busy, and for each task: start, one log chunk, finish (the chunk in the finish where
+the server takes it there). Long-polls wait on purpose,
 so their latency is kept out of the overall p50/p99; `long_poll_late_p99_ms` is how
 late an empty one came back after its hold ran out. --workers N starts
 the server with N API processes. A producer enqueues
@@ -105,25 +107,45 @@ class Recorder:
 
 
 class Agent:
-    def __init__(self, n: int, worker_id: str, token: str, args: argparse.Namespace, rec: Recorder) -> None:
+    def __init__(
+        self,
+        n: int,
+        worker_id: str,
+        token: str,
+        args: argparse.Namespace,
+        rec: Recorder,
+        folds: tuple[bool, bool] = (False, False),
+    ) -> None:
         self.n, self.worker_id, self.args, self.rec = n, worker_id, args, rec
         self.headers = {"Authorization": f"Bearer {token}"}
         self.base = f"/api/v1/workers/{worker_id}"
         self.running: str | None = None
         self.next_heartbeat = time.monotonic()
+        # As the agent does where the server records it (RegisterOut.heartbeat_in_lease):
+        # an idle agent's heartbeat rides its long-poll instead of a request of its own.
+        self.folds = folds[0] and args.lease_wait_s > 0
+        # And its task's last output goes with the finish (RegisterOut.finish_with_logs).
+        self.finish_logs = folds[1]
+
+    def _beat(self) -> dict[str, Any]:
+        return {
+            "running": [self.running] if self.running else [],
+            "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}],
+        }
 
     async def heartbeats(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
-        first = random.uniform(0, self.args.heartbeat_s)
-        self.next_heartbeat = time.monotonic() + first
-        await asyncio.sleep(first)
+        self.next_heartbeat = time.monotonic() + random.uniform(0, self.args.heartbeat_s)
         while not stop.is_set():
+            await asyncio.sleep(max(self.next_heartbeat - time.monotonic(), 0.0))
+            if time.monotonic() < self.next_heartbeat:
+                continue  # a lease carried this one
+            if self.folds and self.running is None:
+                await asyncio.sleep(0.05)  # idle: the next lease carries it
+                continue
             self.next_heartbeat = time.monotonic() + self.args.heartbeat_s
-            body = {
-                "running": [self.running] if self.running else [],
-                "gpu_metrics": [{"index": 0, "utilization_pct": 90 if self.running else 0}],
-            }
-            await self.rec.call(client, "heartbeat", "POST", f"{self.base}/heartbeat", json=body, headers=self.headers)
-            await asyncio.sleep(self.args.heartbeat_s)
+            await self.rec.call(
+                client, "heartbeat", "POST", f"{self.base}/heartbeat", json=self._beat(), headers=self.headers
+            )
 
     async def work(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         await asyncio.sleep(random.uniform(0, self.args.lease_s))
@@ -132,13 +154,24 @@ class Agent:
             # As the agent does: an idle lease waits in the server (long-poll) until work
             # fits, never past the next heartbeat; a server that answers at once (no
             # long-poll) gets the old polling with back-off.
+            body: dict[str, Any] = {}
+            if self.folds and time.monotonic() >= self.next_heartbeat:
+                body = {"heartbeat": self._beat()}
+                self.next_heartbeat = time.monotonic() + self.args.heartbeat_s
             hold = min(self.args.lease_wait_s, self.next_heartbeat - time.monotonic())
             hold = hold if hold >= 0.5 else 0.0
             url = f"{self.base}/lease" + (f"?wait_s={hold:.3f}" if hold else "")
             asked = time.monotonic()
             kind = LONG_POLL if hold else "lease"
             r = await self.rec.call(
-                client, kind, "POST", url, hold=hold, headers=self.headers, timeout=self.args.timeout_s + hold
+                client,
+                kind,
+                "POST",
+                url,
+                hold=hold,
+                json=body,
+                headers=self.headers,
+                timeout=self.args.timeout_s + hold,
             )
             task = r.json().get("task") if r is not None else None
             if task is None:
@@ -155,16 +188,15 @@ class Agent:
             await self.rec.call(client, "start", "POST", f"{self.base}/tasks/{tid}/start", headers=self.headers)
             await asyncio.sleep(self.args.task_s * random.uniform(0.5, 1.5))
             chunk = {"chunks": [{"stream": "stdout", "data": f"step done by agent {self.n}\n" * 32}]}
-            await self.rec.call(
-                client, "logs", "POST", f"{self.base}/tasks/{tid}/logs", json=chunk, headers=self.headers
-            )
+            end: dict[str, Any] = {"reason": "exit", "exit_code": 0}
+            if self.finish_logs:
+                end["logs"] = chunk["chunks"]  # as the agent does: one request
+            else:
+                await self.rec.call(
+                    client, "logs", "POST", f"{self.base}/tasks/{tid}/logs", json=chunk, headers=self.headers
+                )
             done = await self.rec.call(
-                client,
-                "finish",
-                "POST",
-                f"{self.base}/tasks/{tid}/finish",
-                json={"reason": "exit", "exit_code": 0},
-                headers=self.headers,
+                client, "finish", "POST", f"{self.base}/tasks/{tid}/finish", json=end, headers=self.headers
             )
             self.running = None
             if done is not None:
@@ -220,7 +252,16 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
-async def register(client: httpx.AsyncClient, admin: dict[str, str], count: int, start: int) -> list[tuple[str, str]]:
+async def register(
+    client: httpx.AsyncClient,
+    admin: dict[str, str],
+    count: int,
+    start: int,
+    folds: list[tuple[bool, bool]] | None = None,
+) -> list[tuple[str, str]]:
+    """Registered agents' (worker id, token); `folds` gets whether the server records a
+    heartbeat carried by a lease and takes a finish's output in the finish (servers
+    before those do not say)."""
     sem = asyncio.Semaphore(32)
 
     async def one(i: int) -> tuple[str, str]:
@@ -239,6 +280,9 @@ async def register(client: httpx.AsyncClient, admin: dict[str, str], count: int,
                 },
             )
             r.raise_for_status()
+            if folds is not None:
+                reply = r.json()
+                folds.append((bool(reply.get("heartbeat_in_lease")), bool(reply.get("finish_with_logs"))))
             return r.json()["worker_id"], r.json()["worker_token"]
 
     return list(await asyncio.gather(*(one(i) for i in range(start, start + count))))
@@ -263,10 +307,11 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
         )
         for target in steps:
             t_reg = time.perf_counter()
-            new = await register(client, admin, target - len(agents), len(agents))
+            folds: list[tuple[bool, bool]] = []
+            new = await register(client, admin, target - len(agents), len(agents), folds)
             reg_s = time.perf_counter() - t_reg
-            for wid, tok in new:
-                agent = Agent(len(agents), wid, tok, args, rec)
+            for (wid, tok), fold in zip(new, folds, strict=True):
+                agent = Agent(len(agents), wid, tok, args, rec, fold)
                 agents.append(agent)
                 loops.append(asyncio.create_task(agent.heartbeats(client, stop)))
                 loops.append(asyncio.create_task(agent.work(client, stop)))

@@ -4,7 +4,8 @@
 
 Starts a throwaway PostgreSQL server and, for each --workers value, the real
 `autoscaler server` process on 127.0.0.1 (as bench/api_load.py does), registers one
-agent, then times `/healthz`, a heartbeat and an empty lease one after the other.
+agent, then times `/healthz`, a heartbeat, an empty lease and a lease carrying a
+heartbeat (an idle agent's one request per interval) one after the other.
 Prints, per call, the median latency after 10 warm-up requests and the server
 processes' CPU milliseconds per request (from /proc, so Linux only). Load cannot
 hide in a queue here: a fixed delay per request (Nagle + delayed ACK, a sleep)
@@ -53,6 +54,14 @@ async def measure(url: str, admin: str, pid: int, n: int) -> dict[str, dict[str,
             "healthz": ("GET", "/healthz", None),
             "heartbeat": ("POST", f"/api/v1/workers/{wid}/heartbeat", {"running": [], "gpu_metrics": []}),
             "empty lease": ("POST", f"/api/v1/workers/{wid}/lease", None),
+            # An idle agent's interval where the server records a heartbeat carried by a
+            # lease: this one request instead of a heartbeat and a lease (a server before
+            # that ignores the body: there it is an empty lease).
+            "lease carrying a heartbeat": (
+                "POST",
+                f"/api/v1/workers/{wid}/lease",
+                {"heartbeat": {"running": [], "gpu_metrics": []}},
+            ),
         }
         for name, (method, path, body) in calls.items():
             times = []

@@ -121,6 +121,7 @@ class Agent:
         self.next_notice = 0.0
         self.next_flush = 0.0
         self.heartbeat_s = 10.0
+        self.heartbeat_in_lease = False  # the server records a heartbeat carried by a lease
         self.stopped_at: float | None = None  # when a drain/preemption had nothing left to run
         self.exit_by: float | None = None  # after a SIGTERM: gone by then, server or not
         self.notice: Notice | None = None  # the spot notice, once there is one
@@ -137,6 +138,8 @@ class Agent:
         if reg is None:
             return EXIT_DONE
         self.heartbeat_s = self.t.heartbeat_s or reg.heartbeat_interval_s
+        self.heartbeat_in_lease = reg.heartbeat_in_lease
+        self.outbox.finish_with_logs = reg.finish_with_logs
         log.info(
             "registered as worker %s (pool %s, %d GPUs: %s); heartbeat every %.1fs; %s",
             reg.worker_id,
@@ -406,14 +409,32 @@ class Agent:
     def _talk(self, now: float) -> None:
         if self.mode == Mode.GONE:
             return
-        if now >= self.next_heartbeat:
+        if now >= self.next_heartbeat and not self._heartbeat_rides_lease(now):
             self._heartbeat(now)
         self.outbox.deliver(self.api)
         if self.mode == Mode.RUNNING and now >= self.next_lease:
             self._lease(now)
 
-    def _heartbeat(self, now: float) -> None:
-        body = HeartbeatBody(
+    def _heartbeat_rides_lease(self, now: float) -> bool:
+        """Will the lease this tick sends carry the heartbeat? Only an idle agent's: one
+        that runs nothing, has nothing to report and leases now. Its heartbeat says
+        nothing a lease could not carry (no task runs, no drain, no notice), so the
+        (long-poll) lease is the interval's heartbeat and an idle agent makes one
+        request per interval instead of two (the server records it exactly as
+        POST /heartbeat would, and marks the worker lost as before if it stops)."""
+        return (
+            self.heartbeat_in_lease
+            and self.mode == Mode.RUNNING
+            and now >= self.next_lease
+            and not self.tasks
+            and not len(self.outbox)
+            and self.signals == self.signals_seen
+            and not getattr(self.api, "gang_reserved", False)
+            and self._free_gpus() != 0
+        )
+
+    def _heartbeat_body(self) -> HeartbeatBody:
+        return HeartbeatBody(
             gpu_metrics=self.gpus.sample(),
             running=sorted(self.tasks),
             draining=self.mode != Mode.RUNNING,
@@ -421,6 +442,9 @@ class Agent:
             preempt_reason=self.notice.reason[:255] if self.notice else "",
             preempt_deadline=self.notice.deadline if self.notice else None,
         )
+
+    def _heartbeat(self, now: float) -> None:
+        body = self._heartbeat_body()
         try:
             commands = self.api.heartbeat(body)
         except ServerRefused as exc:
@@ -496,18 +520,38 @@ class Agent:
                 # Every GPU is taken: do not poll. (A CPU-only task, gpus: 0, then waits
                 # for an agent with a free GPU or a CPU-only agent.)
                 break
+            beat, due = None, self.next_heartbeat
+            if not got and now >= self.next_heartbeat and self._heartbeat_rides_lease(now):
+                # The lease is this interval's heartbeat: its wait runs to the next one.
+                beat, self.next_heartbeat = self._heartbeat_body(), now + self.heartbeat_s
             wait = 0.0 if got else self._long_poll_s(now)
             asked = self.clock()
             try:
-                task = self.api.lease(wait) if wait > 0 else self.api.lease()
+                if beat is not None:
+                    task = self.api.lease(wait, heartbeat=beat)
+                else:
+                    task = self.api.lease(wait) if wait > 0 else self.api.lease()
             except ServerRefused as exc:
+                self.next_heartbeat = due if beat is not None else self.next_heartbeat
                 if exc.status in (401, 403, 404):
                     self._gone(now, f"the server no longer knows this worker ({exc})")
                 else:
                     log.warning("lease refused (%s); trying again in %.1fs", exc, self.t.lease_s)
                 break
+            except ServerUnreachable:
+                self.next_heartbeat = due if beat is not None else self.next_heartbeat  # not delivered
+                raise
             if wait > 0:
                 now = self.clock()  # the wait may have been long: start times must be true
+            if beat is not None:
+                commands = getattr(self.api, "lease_commands", None)
+                if commands is None:
+                    # The server did not record it: heartbeat on its own from now on.
+                    self.heartbeat_in_lease, self.next_heartbeat = False, due
+                else:
+                    self._obey(now, commands)
+                    if self.mode != Mode.RUNNING:
+                        break  # drained or gone: the server gave no task with that
             if task is None:
                 # A server without long-poll answers at once: then back off as before.
                 waited = wait > 0 and now - asked >= wait / 2

@@ -27,6 +27,9 @@ class Report:
 class Outbox:
     def __init__(self) -> None:
         self._queue: deque[Report] = deque()
+        # The server takes a finish's last output in the finish (Registered.finish_with_logs):
+        # then a task's last upload and its finish go as one request.
+        self.finish_with_logs = False
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -52,6 +55,16 @@ class Outbox:
             try:
                 if report.kind == "start":
                     api.start(report.task_id)
+                elif report.kind == "logs" and self._ends_with(report):
+                    # Its finish follows: one request for both, the output first as before.
+                    # (Kept merged in the queue: a retry after an outage sends both again.)
+                    self._queue.popleft()
+                    finish = self._queue[0].finish
+                    assert finish is not None
+                    merged = finish.model_copy(update={"logs": [*report.logs, *finish.logs]})
+                    self._queue[0] = report = Report("finish", report.task_id, finish=merged)
+                    api.finish(report.task_id, merged)
+                    log.info("task %s: reported %s", report.task_id, _describe(merged))
                 elif report.kind == "logs":
                     api.logs(report.task_id, list(report.logs))
                 else:
@@ -63,6 +76,13 @@ class Outbox:
                 # canceled): nothing to retry, and the heartbeat will stop it if needed.
                 log.warning("task %s: server refused %s report (%s); dropping it", report.task_id, report.kind, exc)
             self._queue.popleft()
+
+    def _ends_with(self, report: Report) -> bool:
+        """Is `report` (output) directly followed by its task's finish, to be sent with it?"""
+        if not self.finish_with_logs or len(self._queue) < 2:
+            return False
+        after = self._queue[1]
+        return after.kind == "finish" and after.task_id == report.task_id and after.finish is not None
 
 
 def _describe(body: FinishBody) -> str:

@@ -50,6 +50,7 @@ class ServerApi:
         self.worker_id: str | None = None
         self._token: str | None = None
         self.gang_reserved = False  # the last lease: a rank of a forming gang waits here
+        self.lease_commands: Commands | None = None  # the last lease: its heartbeat's reply
 
     def close(self) -> None:
         self._http.close()
@@ -83,23 +84,28 @@ class ServerApi:
     def heartbeat(self, body: HeartbeatBody) -> Commands:
         return Commands.model_validate(self._call(self._worker("heartbeat"), body.model_dump(mode="json")))
 
-    def lease(self, wait_s: float = 0.0) -> LeasedTask | None:
+    def lease(self, wait_s: float = 0.0, heartbeat: HeartbeatBody | None = None) -> LeasedTask | None:
         """A task, or None. With `wait_s`, the server may hold the request that long
-        for work to appear (long-poll); the call's timeout grows by as much."""
+        for work to appear (long-poll); the call's timeout grows by as much. With
+        `heartbeat`, the request is this interval's heartbeat too: the server's reply
+        to it is then in `lease_commands` (None there: the heartbeat was not recorded)."""
+        body = {"heartbeat": heartbeat.model_dump(mode="json")} if heartbeat is not None else {}
         if wait_s <= 0:
-            reply = LeaseReply.model_validate(self._call(self._worker("lease"), {}))
+            reply = LeaseReply.model_validate(self._call(self._worker("lease"), body))
         else:
             path = f"{self._worker('lease')}?wait_s={wait_s:.3f}"
-            reply = LeaseReply.model_validate(self._call(path, {}, timeout_s=self.timeout_s + wait_s))
+            reply = LeaseReply.model_validate(self._call(path, body, timeout_s=self.timeout_s + wait_s))
         # Kept for the loop: a rank of a forming gang waits here, so poll again soon.
         self.gang_reserved = reply.reserved
+        self.lease_commands = reply.heartbeat
         return reply.task
 
     def start(self, task_id: str) -> None:
         self._call(self._worker(f"tasks/{task_id}/start"), {})
 
     def finish(self, task_id: str, body: FinishBody) -> None:
-        self._call(self._worker(f"tasks/{task_id}/finish"), body.model_dump())
+        # No `logs` key unless there are some: a server before FinishIn.logs refuses it.
+        self._call(self._worker(f"tasks/{task_id}/finish"), body.model_dump(exclude=None if body.logs else {"logs"}))
 
     def logs(self, task_id: str, chunks: list[LogChunk]) -> None:
         self._call(self._worker(f"tasks/{task_id}/logs"), {"chunks": [c.model_dump() for c in chunks]})

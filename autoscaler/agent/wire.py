@@ -58,6 +58,9 @@ class Registered(_Reply):
     worker_token: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    # The server records a heartbeat carried by a lease (servers before it do not say so).
+    heartbeat_in_lease: bool = False
+    finish_with_logs: bool = False  # the server takes a finish's last output in the finish
 
 
 class HeartbeatBody(BaseModel):
@@ -124,6 +127,7 @@ class LeasedTask(_Reply):
 class LeaseReply(_Reply):
     task: LeasedTask | None = None
     reserved: bool = False  # this worker holds a rank of a forming gang
+    heartbeat: Commands | None = None  # the reply to a heartbeat the lease carried
 
 
 class LogChunk(BaseModel):
@@ -135,3 +139,4 @@ class FinishBody(BaseModel):
     reason: EndReason
     exit_code: int | None = None
     detail: str = ""
+    logs: list[LogChunk] = Field(default_factory=list)  # only to a server that takes them

@@ -323,6 +323,11 @@ class RegisterOut(BaseModel):
     worker_token: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    # This server records a heartbeat carried by a lease (LeaseIn.heartbeat): an idle
+    # agent may send its heartbeat with its long-poll instead of on its own.
+    heartbeat_in_lease: bool = True
+    # This server takes a finish's last output in the finish (FinishIn.logs).
+    finish_with_logs: bool = True
 
 
 class GpuMetric(Body):
@@ -375,17 +380,31 @@ class TransfersOut(BaseModel):
     checkpoint_upload_url: str | None = None
 
 
+class LeaseIn(Body):
+    heartbeat: HeartbeatIn | None = Field(
+        None,
+        description="An idle agent's heartbeat, carried by its (long-poll) lease instead of a request of its "
+        "own: recorded exactly as POST /heartbeat records it, before the lease; the reply's `heartbeat` "
+        "holds what that endpoint would answer.",
+    )
+
+
 class LeaseOut(BaseModel):
     task: LeasedTaskOut | None
     # No task, but this worker holds a rank of a gang that is still forming: its start
     # comes on a later lease, so the agent asks again soon (docs/gangs.md).
     reserved: bool = False
+    # The heartbeat's reply when the request carried one (LeaseIn.heartbeat).
+    heartbeat: HeartbeatOut | None = None
 
 
 class FinishIn(Body):
     reason: Literal["exit", "canceled", "interrupted", "timeout", "start_failed"]
     exit_code: int | None = Field(None, ge=-255, le=255)
     detail: Annotated[str, StringConstraints(max_length=2000)] = ""
+    # The attempt's last output, kept as POST /logs keeps it, before the finish and in
+    # its transaction: a short task's end is one request, not two.
+    logs: list[LogChunkIn] = Field(default_factory=list, max_length=256)
 
 
 class DrainIn(Body):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CompoundSelect, bindparam, func, null, select, union_all, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,7 @@ from autoscaler.lifecycle import (
     INSTANCE_ENDED,
     INSTANCE_RUNNING,
     RANK_ACTIVE,
+    RANK_HOLDING,
     TASK_ACTIVE,
     WORKER_LEASABLE,
     WORKER_LIVE,
@@ -44,7 +45,7 @@ from autoscaler.queueing.tasks import LEASE_TTL, expire_leases, interrupt_worker
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.launches import gang_rows
 from autoscaler.state.lifecycle_log import note
-from autoscaler.state.models import ApiToken, Instance, InstanceEvent, JoinUse, Task, Worker
+from autoscaler.state.models import ApiToken, Instance, InstanceEvent, JoinUse, Task, TaskRank, Worker
 
 LIVE_STATES = WORKER_LIVE  # kept under its old name for the simulator
 SPOT = "spot"  # drain_reason of a worker whose machine got a spot notice
@@ -430,6 +431,43 @@ class HeartbeatReply:
     reclaim: list[str] = field(default_factory=list)
 
 
+# The heartbeat is the most frequent call there is (every agent, every 10 s), so it is
+# two prebuilt Core statements, not ORM loads: touch the worker (the UPDATE's row lock
+# serialises it with whatever else changes the worker, as SELECT ... FOR UPDATE did)
+# and read what runs on it. Anything rarer (a spot notice, the agent's own drain, a
+# gang rank to give up) loads the ORM rows it changes and goes the usual way.
+_TOUCH = (
+    update(Worker)
+    .where(Worker.id == bindparam("wid"), Worker.state != WorkerState.GONE.value)
+    .values(last_heartbeat=bindparam("now"))
+    .returning(Worker.state, Worker.drain_deadline, Worker.drain_reason)
+)
+_TOUCH_METRICS = _TOUCH.values(gpu_metrics=bindparam("metrics"))
+# The tasks the worker holds, and its ranks of gangs with their gang's state and flags
+# (`rank_id` None: a single task), in one round trip.
+_HELD: CompoundSelect[str, str, bool, bool, int | None, str | None] = union_all(
+    select(
+        Task.id,
+        Task.state,
+        Task.cancel_requested,
+        Task.reclaim_requested,
+        null().label("rank_id"),
+        null().label("rank_state"),
+    ).where(Task.worker_id == bindparam("wid"), Task.state.in_([s.value for s in ACTIVE])),
+    select(
+        TaskRank.task_id,
+        Task.state,
+        Task.cancel_requested,
+        Task.reclaim_requested,
+        TaskRank.id,
+        TaskRank.state,
+    )
+    .select_from(TaskRank)
+    .outerjoin(Task, Task.id == TaskRank.task_id)
+    .where(TaskRank.worker_id == bindparam("wid"), TaskRank.state.in_([s.value for s in RANK_HOLDING])),
+)
+
+
 def heartbeat(
     session: Session,
     worker_id: str,
@@ -445,54 +483,71 @@ def heartbeat(
 ) -> HeartbeatReply:
     """Record the worker alive; with `gpu_sample_interval_s`, its GPU figures are also kept
     as history (at most one sample per that interval; None: only the latest is kept)."""
-    worker = get_worker(session, worker_id, lock=True)
-    if worker.state == WorkerState.GONE:
+    # Through the session, not its connection: it flushes pending changes first (a
+    # caller's unflushed task flags must be what this heartbeat reads) and keeps a
+    # worker the session holds in step with the UPDATE.
+    params: dict[str, Any] = {"wid": worker_id, "now": now}
+    if gpu_metrics is not None:
+        params["metrics"] = gpu_metrics[:64]
+    touched = session.execute(_TOUCH_METRICS if gpu_metrics is not None else _TOUCH, params).one_or_none()
+    if touched is None:
+        if session.scalar(select(Worker.state).where(Worker.id == worker_id)) is None:
+            raise NotFound(f"worker {worker_id} is not registered")
         # The server gave up on this worker (missed heartbeats): its tasks were
         # requeued elsewhere, so the agent must stop them and shut down.
         return HeartbeatReply(False, None, list(running or []), True, [])
-    worker.last_heartbeat = now
+    state, drain_deadline, drain_reason = touched
     # The agent drains by itself on SIGTERM or a spot notice; recording it keeps the
     # reconciler from counting it as capacity, and "spot" marks the instance preempted
     # once the worker is gone.
-    if preempted and worker.drain_reason != SPOT:
-        words = (preempt_reason or "the cloud is taking the machine").strip()
-        spot_notice(
-            session, worker, now=now, deadline=preempt_deadline, reason=f"{NOTICE_PREFIX} from the agent: {words}"
+    if (preempted and drain_reason != SPOT) or (draining and state in WORKER_LEASABLE):
+        worker = get_worker(session, worker_id, lock=True)
+        worker.last_heartbeat = now  # as the UPDATE wrote it, should the session have held the row
+        if preempted and worker.drain_reason != SPOT:
+            words = (preempt_reason or "the cloud is taking the machine").strip()
+            spot_notice(
+                session, worker, now=now, deadline=preempt_deadline, reason=f"{NOTICE_PREFIX} from the agent: {words}"
+            )
+        elif draining and worker.state in WORKER_LEASABLE:
+            move_worker(worker, WorkerState.DRAINING)
+            worker.drain_reason = "agent"
+        state, drain_deadline = worker.state, worker.drain_deadline
+    if gpu_metrics is not None and gpu_sample_interval_s is not None:
+        gpu_samples.record(session, worker_id, gpu_metrics[:64], now=now, interval_s=gpu_sample_interval_s)
+    held: dict[str, tuple[str, bool, bool]] = {}  # task id -> state, cancel_requested, reclaim_requested
+    for task_id, task_state, cancel_requested, reclaim_requested, rank_id, rank_state in session.execute(
+        _HELD, {"wid": worker_id}
+    ):
+        if rank_id is None:
+            held[task_id] = (task_state, bool(cancel_requested), bool(reclaim_requested))
+        elif rank_state in _RANK_ACTIVE:
+            # Its ranks of gangs: one of the running attempt is known; one being stopped
+            # is not (so the agent, which still runs it, is told to stop it), and is
+            # given up once the agent no longer runs it.
+            if task_state in _TASK_ACTIVE:
+                held[task_id] = (task_state, bool(cancel_requested), bool(reclaim_requested))
+        elif rank_state == RankState.STOPPING.value and running is not None and task_id not in running:
+            rank = session.get(TaskRank, rank_id)
+            if rank is not None:
+                gangs.release(session, [rank], now=now, reason="stopped")
+    leased = [tid for tid, (st, _c, _r) in held.items() if st == TaskState.LEASED.value]
+    if leased:
+        session.execute(
+            update(Task)
+            .where(Task.id.in_(leased), Task.state == TaskState.LEASED.value)
+            .values(lease_deadline=now + LEASE_TTL)
+            .execution_options(synchronize_session="fetch")
         )
-    elif draining and worker.state in WORKER_LEASABLE:
-        move_worker(worker, WorkerState.DRAINING)
-        worker.drain_reason = "agent"
-    if gpu_metrics is not None:
-        worker.gpu_metrics = gpu_metrics[:64]
-        if gpu_sample_interval_s is not None:
-            gpu_samples.record(session, worker_id, gpu_metrics[:64], now=now, interval_s=gpu_sample_interval_s)
-    tasks = list(
-        session.scalars(select(Task).where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE])))
-    )
-    # Its ranks of gangs: one of the running attempt is known; one being stopped is
-    # not (so the agent, which still runs it, is told to stop it), and is given up
-    # once the agent no longer runs it.
-    for rank in gangs.holding_on(session, worker_id):
-        if rank.state in _RANK_ACTIVE:
-            gang = session.get(Task, rank.task_id)
-            if gang is not None and gang.state in _TASK_ACTIVE:
-                tasks.append(gang)
-        elif rank.state == RankState.STOPPING.value and running is not None and rank.task_id not in running:
-            gangs.release(session, [rank], now=now, reason="stopped")
-    for t in tasks:
-        if t.state == TaskState.LEASED.value:
-            t.lease_deadline = now + LEASE_TTL
-    known = {t.id for t in tasks}
     # Tasks the agent still runs but the server has moved on from (requeued, canceled)
     # must be stopped: they would otherwise run twice.
-    cancel = [t.id for t in tasks if t.cancel_requested] + [tid for tid in (running or []) if tid not in known]
+    cancel = [tid for tid, (_s, c, _r) in held.items() if c] + [tid for tid in (running or []) if tid not in held]
     return HeartbeatReply(
-        drain=worker.state == WorkerState.DRAINING,
-        drain_deadline=worker.drain_deadline,
+        drain=state == WorkerState.DRAINING,
+        drain_deadline=drain_deadline,
         cancel=cancel,
         shutdown=False,
-        known_tasks=sorted(known),
-        reclaim=[t.id for t in tasks if t.reclaim_requested and not t.cancel_requested],
+        known_tasks=sorted(held),
+        reclaim=[tid for tid, (_s, c, r) in held.items() if r and not c],
     )
 
 

@@ -306,6 +306,10 @@ def test_agent_requests_validate_against_the_server_schemas(fake_nvml: None) -> 
     )
     schemas.HeartbeatIn.model_validate(hb.model_dump(mode="json"))
     schemas.FinishIn.model_validate(finish_report(StopRequest("spot"), -15).model_dump())
+    with_logs = finish_report(StopRequest("spot"), -15).model_copy(
+        update={"logs": [LogChunk(stream="stdout", data="x")]}
+    )
+    schemas.FinishIn.model_validate(with_logs.model_dump())
     schemas.LogsIn.model_validate({"chunks": [LogChunk(stream="stderr", data="x").model_dump()]})
 
 
@@ -344,7 +348,7 @@ class _RecordingApi:
         self._call("logs", task_id, "|".join(f"{c.stream}:{c.data}" for c in chunks))
 
     def finish(self, task_id: str, body: FinishBody) -> None:
-        self._call("finish", task_id)
+        self._call("finish", task_id, "|".join(f"{c.stream}:{c.data}" for c in body.logs))
 
 
 def test_output_waiting_for_delivery_is_sent_in_one_upload_in_order() -> None:
@@ -369,3 +373,57 @@ def test_output_waiting_for_delivery_is_sent_in_one_upload_in_order() -> None:
         ("finish", "t1", ""),
     ]
     assert len(box) == 0
+
+
+def test_the_last_output_goes_with_the_finish_to_a_server_that_takes_it() -> None:
+    api = _RecordingApi()
+    box = Outbox()
+    box.finish_with_logs = True
+    box.started("t1")
+    box.output("t1", [LogChunk(stream="stdout", data="a")])
+    box.output("t2", [LogChunk(stream="stdout", data="other task")])
+    box.output("t1", [LogChunk(stream="stdout", data="b")])
+    box.finished("t1", FinishBody(reason="exit", exit_code=0))
+    api.down = True
+    with pytest.raises(ServerUnreachable):
+        box.deliver(cast(ServerApi, api))
+    api.down = False
+    box.deliver(cast(ServerApi, api))
+    # Output not directly before its task's finish goes as before; the last goes with it.
+    assert api.calls == [
+        ("start", "t1", ""),
+        ("logs", "t1", "stdout:a"),
+        ("logs", "t2", "stdout:other task"),
+        ("finish", "t1", "stdout:b"),
+    ]
+    assert len(box) == 0
+
+
+def test_a_merged_finish_kept_over_an_outage_still_carries_its_output() -> None:
+    api = _RecordingApi()
+    box = Outbox()
+    box.finish_with_logs = True
+    box.output("t1", [LogChunk(stream="stderr", data="last words")])
+    box.finished("t1", FinishBody(reason="exit", exit_code=1))
+    with pytest.raises(ServerUnreachable):
+        box.deliver(cast(ServerApi, _Failing()))  # the merged finish did not arrive: kept
+    assert len(box) == 1
+    box.deliver(cast(ServerApi, api))
+    assert api.calls == [("finish", "t1", "stderr:last words")]
+
+
+def test_a_server_that_does_not_take_output_in_a_finish_gets_it_apart() -> None:
+    api = _RecordingApi()
+    box = Outbox()  # finish_with_logs False: what the registration of an older server means
+    box.output("t1", [LogChunk(stream="stdout", data="x")])
+    box.finished("t1", FinishBody(reason="exit", exit_code=0))
+    box.deliver(cast(ServerApi, api))
+    assert api.calls == [("logs", "t1", "stdout:x"), ("finish", "t1", "")]
+
+
+class _Failing(_RecordingApi):
+    """Unreachable for the finish, after the request was built (as a timeout is)."""
+
+    def finish(self, task_id: str, body: FinishBody) -> None:
+        assert body.logs, "the finish was sent without its output"
+        raise ServerUnreachable("timed out")

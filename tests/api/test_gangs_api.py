@@ -72,7 +72,7 @@ def test_ranks_lease_with_rendezvous_variables_and_show_in_the_task(api) -> None
     w0, h0 = _register(client, ctx, 0, "10.0.0.7")
     w1, h1 = _register(client, ctx, 1, None)
     first = client.post(f"/api/v1/workers/{w0}/lease", headers=h0).json()
-    assert first == {"task": None, "reserved": True}  # rank 0 held; the gang is not complete
+    assert first == {"task": None, "reserved": True, "heartbeat": None}  # rank 0 held; the gang is not complete
     got1 = client.post(f"/api/v1/workers/{w1}/lease", headers=h1).json()["task"]
     got0 = client.post(f"/api/v1/workers/{w0}/lease", headers=h0).json()["task"]
     for rank, got, worker in ((0, got0, w0), (1, got1, w1)):

@@ -132,7 +132,9 @@ def test_a_wait_that_runs_out_is_the_usual_empty_answer(rig: Rig) -> None:
     plain = rig.lease(worker)
     held = rig.lease(worker, 0.3)
     assert (
-        (held.status_code, held.json()) == (plain.status_code, plain.json()) == (200, {"task": None, "reserved": False})
+        (held.status_code, held.json())
+        == (plain.status_code, plain.json())
+        == (200, {"task": None, "reserved": False, "heartbeat": None})
     )
 
 
@@ -148,7 +150,7 @@ def test_one_enqueue_wakes_one_waiter_not_all(rig: Rig) -> None:
         assert len(rig.ctx.lease_waiters) == 3  # the others went on waiting
         rig.ctx.lease_waiters.close()  # what a stop does: every waiter answers now
         rest = [f.result(timeout=30).json() for f in waiting if f is not done[0]]
-    assert rest == [{"task": None, "reserved": False}] * 3
+    assert rest == [{"task": None, "reserved": False, "heartbeat": None}] * 3
 
 
 def test_errors_while_waiting_are_those_of_a_plain_lease(rig: Rig) -> None:
@@ -287,7 +289,9 @@ def test_a_stopping_server_answers_its_open_long_polls_at_once(
         proc.wait(timeout=30)
         for t in threads:
             t.join(timeout=30)
-        assert [(r.status_code, r.json()) for r in replies] == [(200, {"task": None, "reserved": False})] * 3
+        assert [(r.status_code, r.json()) for r in replies] == [
+            (200, {"task": None, "reserved": False, "heartbeat": None})
+        ] * 3
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -301,5 +305,5 @@ def test_a_rank_of_a_forming_gang_is_answered_at_once(rig: Rig) -> None:
     rig.enqueue(nodes=2)
     t0 = time.monotonic()
     reply = rig.lease(worker, 30)
-    assert reply.json() == {"task": None, "reserved": True}
+    assert reply.json() == {"task": None, "reserved": True, "heartbeat": None}
     assert time.monotonic() - t0 < 15, "the reserved rank waited in the long-poll"

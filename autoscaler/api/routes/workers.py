@@ -21,6 +21,7 @@ from autoscaler.api.schemas import (
     HeartbeatIn,
     HeartbeatOut,
     LeasedTaskOut,
+    LeaseIn,
     LeaseOut,
     LogsIn,
     RegisterIn,
@@ -31,16 +32,19 @@ from autoscaler.api.schemas import (
 from autoscaler.artifacts import gang_checkpoints
 from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
+from autoscaler.lifecycle import RANK_ACTIVE
 from autoscaler.queueing import gangs
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.queueing import workers as ops
-from autoscaler.queueing.states import TaskState
+from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.state.models import ApiToken, Task, Worker
 from providers.identity import IdentityRefused, identity_verifier
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 HEARTBEAT_INTERVAL_S = 10.0
+_ACTIVE = frozenset(s.value for s in ACTIVE)
+_RANK_ACTIVE = frozenset(s.value for s in RANK_ACTIVE)
 MAX_LEASE_WAIT_S = 60.0  # a long-poll lease waits at most this long (agents ask for less)
 
 
@@ -131,18 +135,23 @@ def _verify_identity(ctx: AppContext, reg: ops.Registration, token: ApiToken, ev
 def heartbeat(worker_id: str, body: HeartbeatIn, auth: Auth, ctx: Ctx) -> HeartbeatOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
-        reply = ops.heartbeat(
-            s,
-            worker_id,
-            now=ctx.clock.now(),
-            gpu_metrics=[m.model_dump() for m in body.gpu_metrics],
-            running=list(body.running),
-            draining=body.draining,
-            preempted=body.preempted,
-            preempt_reason=body.preempt_reason,
-            preempt_deadline=body.preempt_deadline,
-            gpu_sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
-        )
+        return _heartbeat(s, ctx, worker_id, body)
+
+
+def _heartbeat(session: Session, ctx: AppContext, worker_id: str, body: HeartbeatIn) -> HeartbeatOut:
+    """One heartbeat, from its endpoint or carried by a lease (LeaseIn.heartbeat)."""
+    reply = ops.heartbeat(
+        session,
+        worker_id,
+        now=ctx.clock.now(),
+        gpu_metrics=[m.model_dump() for m in body.gpu_metrics],
+        running=list(body.running),
+        draining=body.draining,
+        preempted=body.preempted,
+        preempt_reason=body.preempt_reason,
+        preempt_deadline=body.preempt_deadline,
+        gpu_sample_interval_s=ctx.config.retention.gpu_sample_interval_s,
+    )
     return HeartbeatOut(
         drain=reply.drain,
         drain_deadline=reply.drain_deadline,
@@ -166,30 +175,46 @@ async def lease(
             "(answered the moment a task fits); 0 answers at once.",
         ),
     ] = 0.0,
+    body: LeaseIn | None = None,
 ) -> LeaseOut:
     """The best queued task that fits this worker, or `{"task": null}`.
 
     With `wait_s`, an empty answer waits in the server (holding no database
     connection) and is retried when work is queued (autoscaler.api.longpoll). Each
     attempt is the ordinary lease in its own transaction, so what is handed out, and
-    every error, is the same as without waiting."""
+    every error, is the same as without waiting.
+
+    With a heartbeat in the body (an idle agent's, instead of a request of its own),
+    the first attempt records it first, in the same transaction; a worker the
+    heartbeat tells to drain or shut down is answered at once, without a lease."""
     deadline = time.monotonic() + wait_s
+    beat = body.heartbeat if body is not None else None
+    commands: HeartbeatOut | None = None
     while True:
-        out = await run_in_threadpool(_lease_once, worker_id, auth, ctx)
+        out = await run_in_threadpool(_lease_once, worker_id, auth, ctx, beat)
+        # Recorded once: a retry after a wake-up is only the lease, answered with the
+        # first attempt's commands.
+        beat, commands = None, out.heartbeat or commands
+        out.heartbeat = commands
         left = deadline - time.monotonic()
         # A rank of a forming gang is answered at once: its agent polls for the start.
         if out.task is not None or out.reserved or left <= 0 or ctx.lease_waiters.closed:
             return out
+        if commands is not None and (commands.shutdown or commands.drain):
+            return out
         await ctx.lease_waiters.wait(left)
 
 
-def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext) -> LeaseOut:
+def _lease_once(worker_id: str, auth: Credentials, ctx: AppContext, beat: HeartbeatIn | None = None) -> LeaseOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
+        commands = _heartbeat(s, ctx, worker_id, beat) if beat is not None else None
+        if commands is not None and (commands.shutdown or commands.drain):
+            return LeaseOut(task=None, heartbeat=commands)  # no lease for a worker that is leaving
         task = task_ops.lease(s, worker_id, now=ctx.clock.now(), gang_settings=gang_settings(ctx))
         if task is None:
-            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id))
-        return LeaseOut(task=leased_task(s, ctx, worker_id, task))
+            return LeaseOut(task=None, reserved=gangs.waiting_on(s, worker_id), heartbeat=commands)
+        return LeaseOut(task=leased_task(s, ctx, worker_id, task), heartbeat=commands)
 
 
 def gang_settings(ctx: AppContext) -> gangs.GangSettings:
@@ -248,6 +273,8 @@ def start(worker_id: str, task_id: str, auth: Auth, ctx: Ctx) -> TaskOut:
 def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -> TaskOut:
     with tx(ctx) as s:
         auth.worker(s, worker_id)
+        if body.logs and _attempt_open(s, worker_id, task_id):
+            task_ops.append_logs(s, worker_id, task_id, [(c.stream, c.data) for c in body.logs], now=ctx.clock.now())
         task = task_ops.finish(
             s, worker_id, task_id, now=ctx.clock.now(), reason=body.reason, exit_code=body.exit_code, detail=body.detail
         )
@@ -261,6 +288,18 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
     if out.state == TaskState.QUEUED.value:
         ctx.lease_waiters.notify(1)  # a failed attempt went back to the queue: someone may take it
     return out
+
+
+def _attempt_open(session: Session, worker_id: str, task_id: str) -> bool:
+    """Is this worker's attempt (or rank) of the task still running? A finish retried
+    after its reply was lost has been recorded already: its output was kept then."""
+    task = session.get(Task, task_id)
+    if task is None or task.state not in _ACTIVE:
+        return False
+    if gangs.is_gang(task):
+        rank = gangs.rank_of(session, task_id, worker_id)
+        return rank is not None and rank.state in _RANK_ACTIVE
+    return True
 
 
 @router.post("/{worker_id}/tasks/{task_id}/logs")
