@@ -480,7 +480,11 @@ def heartbeat(
         elif rank.state == RankState.STOPPING.value and running is not None and rank.task_id not in running:
             gangs.release(session, [rank], now=now, reason="stopped")
     for t in tasks:
-        if t.state == TaskState.LEASED.value:
+        # An agent lists a task from the moment its lease answer arrives, so a leased task
+        # its heartbeat leaves out is one whose answer was lost (a timeout, a reset): its
+        # deadline is left to run out (housekeeping requeues it), not renewed by every
+        # heartbeat of an agent that will never start it.
+        if t.state == TaskState.LEASED.value and (running is None or t.id in running):
             t.lease_deadline = now + LEASE_TTL
     known = {t.id for t in tasks}
     # Tasks the agent still runs but the server has moved on from (requeued, canceled)

@@ -66,14 +66,23 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url"))
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float = 15.0,
+    every: float = 0.05,
+    describe: Callable[[], str] | None = None,
+) -> Any:
+    """Poll `check` until it returns something true; on timeout, fail with `describe()`
+    (what the test can say about why: a task's history, the agents' logs)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            said = f"\n{describe()}" if describe is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{said}")
         time.sleep(every)
 
 
@@ -178,7 +187,17 @@ class AgentHarness:
             t = self.task(task_id)
             return t if t["state"] in states else None
 
-        return dict(wait_for(f"task {task_id} to become {states}", check, timeout))
+        return dict(wait_for(f"task {task_id} to become {states}", check, timeout, describe=lambda: self.why(task_id)))
+
+    def why(self, task_id: str) -> str:
+        """The task's history and every agent's log tail: what a timed-out wait shows."""
+        t = self.task(task_id)
+        lines = [f"task {task_id} is {t['state']} (attempt {t['attempts']}, worker {t['worker_id']}); history:"]
+        lines += [f"  {e['at']} {e['from_state']} -> {e['to_state']}: {e['reason']} {e['detail']}" for e in t["events"]]
+        for n, agent in enumerate(self.agents, 1):
+            tail = agent.log().splitlines()[-40:]
+            lines += [f"agent {n} (exit code {agent.proc.poll()}), last {len(tail)} log lines:", *tail]
+        return "\n".join(lines)
 
     def logs(self, task_id: str, stream: str | None = None) -> str:
         """The task's uploaded output; stdout and stderr are separate pipes, so only
