@@ -13,8 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from autoscaler.state.db import transaction
 from autoscaler.state.models import Worker
 from tests.conftest import REPO, LiveServer, issue_token
 from tests.fakes import nvml
+from tests.waiting import wait_for
 
 BOTH_BACKENDS = pytest.mark.parametrize(
     "db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -64,26 +64,6 @@ PY = sys.executable
 def db_url(request: pytest.FixtureRequest) -> str:
     backend = getattr(request, "param", "sqlite")
     return str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url"))
-
-
-def wait_for(
-    what: str,
-    check: Callable[[], Any],
-    timeout: float = 15.0,
-    every: float = 0.05,
-    describe: Callable[[], str] | None = None,
-) -> Any:
-    """Poll `check` until it returns something true; on timeout, fail with `describe()`
-    (what the test can say about why: a task's history, the agents' logs)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = f"\n{describe()}" if describe is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{said}")
-        time.sleep(every)
 
 
 class AgentProcess:
