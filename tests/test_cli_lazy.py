@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 import autoscaler.cli as cli
@@ -97,3 +98,18 @@ def test_an_unknown_command_says_so_and_suggests_the_near_one() -> None:
     assert "Traceback" not in r.stderr
     r = _run("--server", "http://x", "tasks")  # the root takes no options: said, not run half-way
     assert r.returncode == 2 and "No such option: --server" in r.stderr
+
+
+def test_in_process_runs_leave_the_app_with_only_real_commands(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fuzz tests and the SDK call main() in this process, then use `app` with every
+    # module loaded: a listing row left on `app` would shadow the real command.
+    for argv in (["--help"], ["queus"], []):
+        with pytest.raises(SystemExit):
+            monkeypatch.setattr(sys, "argv", ["autoscaler", *argv])
+            cli.main()
+    capsys.readouterr()
+    cli._register()
+    callbacks = [c.callback for c in cli.app.registered_commands]
+    assert all(f is not None and f.__module__.endswith("_cmds") for f in callbacks), callbacks

@@ -22,13 +22,18 @@ from rich.text import Text
 
 from autoscaler.errors import AutoscalerError
 
-app = typer.Typer(
-    name="autoscaler",
-    help="GPU autoscaler and policy service: elastic queues, budgets, spot and on-demand fleets.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+
+def _root() -> typer.Typer:
+    return typer.Typer(
+        name="autoscaler",
+        help="GPU autoscaler and policy service: elastic queues, budgets, spot and on-demand fleets.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+
+app = _root()  # the command modules add their commands to it when imported
 err = Console(stderr=True)
 
 # name -> (module under autoscaler.cli, its one-line help), in the order `--help` lists
@@ -100,29 +105,34 @@ def _listing_only() -> None:
     """A row of the command listing; main() runs the real command whenever it is named."""
 
 
-def _register_listing() -> None:
-    # No command was named (`autoscaler`, `autoscaler --help`, a typo): each command
-    # is a row with its help, so the listing and click's "did you mean" need no module.
+def _listing() -> typer.Typer:
+    """The root that `autoscaler`, `autoscaler --help` and a typo get: each command a row
+    with its help, so the listing and click's "did you mean" need no command module. A
+    root of its own: `app` (which in-process callers and tests also use) never gets
+    these rows."""
+    listing = _root()
     for name, (_, help_line) in COMMANDS.items():
-        app.command(name=name, help=help_line)(_listing_only)
+        listing.command(name=name, help=help_line)(_listing_only)
+    return listing
 
 
-def _load(argv: Sequence[str]) -> None:
+def _load(argv: Sequence[str]) -> typer.Typer:
+    """The root to run for `argv`: `app` with the named command's module loaded, or the listing."""
     # The root has no options but --help, so a command, when there is one, comes first.
     named = COMMANDS.get(argv[0]) if argv else None
     if named is None:
-        _register_listing()
-        return
+        return _listing()
     _register(named[0])
     app.callback()(_group)  # with a single command loaded, typer would drop its name
+    return app
 
 
 def main() -> None:
     # `autoscaler agent` runs on GPU machines: its module alone is loaded, so the agent
     # never imports the server (SQLAlchemy, FastAPI) and starts fast.
-    _load(sys.argv[1:])
+    root = _load(sys.argv[1:])
     try:
-        app()
+        root()
     except AutoscalerError as exc:
         # The message may quote what the user typed: printed literally, never as markup.
         err.print(Text.assemble(("error:", "red"), " ", exc.message), highlight=False, soft_wrap=True)
