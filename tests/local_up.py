@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,17 +25,13 @@ import httpx
 import yaml
 
 from tests.conftest import REPO, free_port
+from tests.waiting import wait_for
 
 
 def until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> Any:
-    """The probe's first truthy value within `timeout_s`, polled every 0.25 s."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; server log:\n{log.read_text()[-6000:]}")
+    """The probe's first truthy value within `timeout_s`, polled every 0.25 s; a timeout
+    shows the server's log."""
+    return wait_for(what, probe, timeout_s, every=0.25, describe=lambda: f"server log:\n{log.read_text()[-6000:]}")
 
 
 @dataclass

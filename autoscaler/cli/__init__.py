@@ -2,11 +2,18 @@
 
 Every read command has `--json`. User mistakes (bad config, unknown task, server
 unreachable) print one line and exit 1, never a traceback.
+
+Start-up imports only the module of the command that was typed: the command modules
+between them import the server, the policy engine and the SDK (about 2 s of CPU),
+and a CLI run needs one of them. `COMMANDS` names each command's module and the
+one-line help `autoscaler --help` lists, so the listing imports none of them
+(tests/test_cli_lazy.py checks the table against the modules).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -15,14 +22,52 @@ from rich.text import Text
 
 from autoscaler.errors import AutoscalerError
 
-app = typer.Typer(
-    name="autoscaler",
-    help="GPU autoscaler and policy service: elastic queues, budgets, spot and on-demand fleets.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+
+def _root() -> typer.Typer:
+    return typer.Typer(
+        name="autoscaler",
+        help="GPU autoscaler and policy service: elastic queues, budgets, spot and on-demand fleets.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+
+app = _root()  # the command modules add their commands to it when imported
 err = Console(stderr=True)
+
+# name -> (module under autoscaler.cli, its one-line help), in the order `--help` lists
+# them. A command added to a `*_cmds` module needs its row here; the test says which.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("agent_cmds", "Run the agent: register, lease and run tasks, drain on SIGTERM or a spot notice."),
+    "artifacts": ("artifact_cmds", "A task's outputs and checkpoints, with sizes and digests; --download saves them."),
+    "enqueue": ("client_cmds", "Enqueue a task: `autoscaler enqueue --queue gpu --gpus 1 -- python train.py`."),
+    "tasks": ("client_cmds", "List tasks, newest first."),
+    "logs": ("client_cmds", "Print a task's output."),
+    "cancel": ("client_cmds", "Cancel a task: removed if queued, stopped by its worker if running."),
+    "queues": ("client_cmds", "List queues with depth, running tasks and oldest wait."),
+    "workers": ("client_cmds", "List workers (admin)."),
+    "instances": ("client_cmds", "List instances this deployment launched."),
+    "explain": (
+        "reconcile_cmds",
+        "Why the last reconcile cycle launched, held or terminated (a team token: its team's part only).",
+    ),
+    "server": ("server_cmds", "Run the API server only (housekeeping included, no reconciler)."),
+    "up": ("server_cmds", "Run the whole control plane on this machine (what `make run` starts)."),
+    "simulate": ("sim_cmds", "Replay a GPU cluster trace through the real planner, policy and reconciler."),
+    "spend": ("visibility_cmds", "A month's spend per instance segment: table, JSON, or a FOCUS 1.0 export."),
+    "top": ("visibility_cmds", "A live view of queues and the fleet (Ctrl-C to quit)."),
+    "alerts": (
+        "alerts_cmds",
+        "Alerts (budget thresholds, hard-budget freezes and drains, pools in backoff, machines that never "
+        "registered, policy fail-safe) and their delivery to each channel.",
+    ),
+    "task": ("client_cmds", "Inspect one task."),
+    "token": ("client_cmds", "Create tokens (admin)."),
+    "policy": ("policy_cmds", "Check, test and evaluate Rego policies."),
+    "db": ("server_cmds", "Database schema."),
+    "secret-key": ("server_cmds", "The key file sealing task secret_env (server side)."),
+}
 
 
 def _hide_flag_types() -> None:
@@ -44,30 +89,50 @@ _hide_flag_types()
 
 
 def _register(only: str | None = None) -> None:
-    # Each command group lives in its own `*_cmds.py` module; importing it adds its
-    # commands, so a new area adds a module without touching this file.
+    """Import the command modules (all of them, or `only`): importing one adds its commands."""
     import importlib
-    import pkgutil
 
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.endswith("_cmds") and only in (None, info.name):
-            importlib.import_module(f"{__name__}.{info.name}")
+    for module in sorted({m for m, _ in COMMANDS.values()}):
+        if only in (None, module):
+            importlib.import_module(f"{__name__}.{module}")
 
 
 def _group() -> None:
     """GPU autoscaler and policy service."""
 
 
+def _listing_only() -> None:
+    """A row of the command listing; main() runs the real command whenever it is named."""
+
+
+def _listing() -> typer.Typer:
+    """The root that `autoscaler`, `autoscaler --help` and a typo get: each command a row
+    with its help, so the listing and click's "did you mean" need no command module. A
+    root of its own: `app` (which in-process callers and tests also use) never gets
+    these rows."""
+    listing = _root()
+    for name, (_, help_line) in COMMANDS.items():
+        listing.command(name=name, help=help_line)(_listing_only)
+    return listing
+
+
+def _load(argv: Sequence[str]) -> typer.Typer:
+    """The root to run for `argv`: `app` with the named command's module loaded, or the listing."""
+    # The root has no options but --help, so a command, when there is one, comes first.
+    named = COMMANDS.get(argv[0]) if argv else None
+    if named is None:
+        return _listing()
+    _register(named[0])
+    app.callback()(_group)  # with a single command loaded, typer would drop its name
+    return app
+
+
 def main() -> None:
-    # `autoscaler agent` runs on GPU machines: load only its module so the agent never
-    # imports the server (SQLAlchemy, FastAPI) and starts fast.
-    if sys.argv[1:2] == ["agent"]:
-        _register("agent_cmds")
-        app.callback()(_group)  # with a single command loaded, typer would drop the name `agent`
-    else:
-        _register()
+    # `autoscaler agent` runs on GPU machines: its module alone is loaded, so the agent
+    # never imports the server (SQLAlchemy, FastAPI) and starts fast.
+    root = _load(sys.argv[1:])
     try:
-        app()
+        root()
     except AutoscalerError as exc:
         # The message may quote what the user typed: printed literally, never as markup.
         err.print(Text.assemble(("error:", "red"), " ", exc.message), highlight=False, soft_wrap=True)

@@ -530,7 +530,15 @@ def heartbeat(
             rank = session.get(TaskRank, rank_id)
             if rank is not None:
                 gangs.release(session, [rank], now=now, reason="stopped")
-    leased = [tid for tid, (st, _c, _r) in held.items() if st == TaskState.LEASED.value]
+    # An agent lists a task from the moment its lease answer arrives, so a leased task its
+    # heartbeat leaves out is one whose answer was lost (a timeout, a reset): its deadline
+    # is left to run out (housekeeping requeues it), not renewed by every heartbeat of an
+    # agent that will never start it.
+    leased = [
+        tid
+        for tid, (st, _c, _r) in held.items()
+        if st == TaskState.LEASED.value and (running is None or tid in running)
+    ]
     if leased:
         session.execute(
             update(Task)

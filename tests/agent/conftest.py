@@ -13,8 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from autoscaler.state.db import transaction
 from autoscaler.state.models import Worker
 from tests.conftest import REPO, LiveServer, issue_token
 from tests.fakes import nvml
+from tests.waiting import wait_for
 
 BOTH_BACKENDS = pytest.mark.parametrize(
     "db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -64,17 +64,6 @@ PY = sys.executable
 def db_url(request: pytest.FixtureRequest) -> str:
     backend = getattr(request, "param", "sqlite")
     return str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url"))
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 class AgentProcess:
@@ -178,7 +167,17 @@ class AgentHarness:
             t = self.task(task_id)
             return t if t["state"] in states else None
 
-        return dict(wait_for(f"task {task_id} to become {states}", check, timeout))
+        return dict(wait_for(f"task {task_id} to become {states}", check, timeout, describe=lambda: self.why(task_id)))
+
+    def why(self, task_id: str) -> str:
+        """The task's history and every agent's log tail: what a timed-out wait shows."""
+        t = self.task(task_id)
+        lines = [f"task {task_id} is {t['state']} (attempt {t['attempts']}, worker {t['worker_id']}); history:"]
+        lines += [f"  {e['at']} {e['from_state']} -> {e['to_state']}: {e['reason']} {e['detail']}" for e in t["events"]]
+        for n, agent in enumerate(self.agents, 1):
+            tail = agent.log().splitlines()[-40:]
+            lines += [f"agent {n} (exit code {agent.proc.poll()}), last {len(tail)} log lines:", *tail]
+        return "\n".join(lines)
 
     def logs(self, task_id: str, stream: str | None = None) -> str:
         """The task's uploaded output; stdout and stderr are separate pipes, so only

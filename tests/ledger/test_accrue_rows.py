@@ -30,14 +30,19 @@ def _lease(sessions: sessionmaker[Session], worker: str, *, team: str, gpus: int
         return task.id
 
 
-def test_entities_loaded_before_accrue_show_what_it_wrote(
-    config: AutoscalerConfig, sessions: sessionmaker[Session]
-) -> None:
+def _nlp_on_half_a_vision_machine(config: AutoscalerConfig, sessions: sessionmaker[Session]) -> None:
+    """A 4 USD/h, 2-GPU machine of team vision, one GPU of it running an nlp task since T0."""
     make_context(config, sessions)
     with transaction(sessions) as s:
         inst = _machine(s, team="vision", gpus=2, price=4.0, at=T0)
         worker = _worker(s, inst, gpus=2, at=T0)
     _lease(sessions, worker, team="nlp", gpus=1)
+
+
+def test_entities_loaded_before_accrue_show_what_it_wrote(
+    config: AutoscalerConfig, sessions: sessionmaker[Session]
+) -> None:
+    _nlp_on_half_a_vision_machine(config, sessions)
     with transaction(sessions) as s:
         accrue(s, now=T0 + HOUR / 2, since=T0)
     with transaction(sessions) as s:
@@ -57,11 +62,7 @@ def test_accruing_in_steps_in_one_transaction_equals_one_accrual(
     config: AutoscalerConfig, sessions: sessionmaker[Session]
 ) -> None:
     """The second step reads the segments the first wrote with plain statements."""
-    make_context(config, sessions)
-    with transaction(sessions) as s:
-        inst = _machine(s, team="vision", gpus=2, price=4.0, at=T0)
-        worker = _worker(s, inst, gpus=2, at=T0)
-    _lease(sessions, worker, team="nlp", gpus=1)
+    _nlp_on_half_a_vision_machine(config, sessions)
     with transaction(sessions) as s:
         for minutes in (10, 25, 60, 90):
             accrue(s, now=T0 + timedelta(minutes=minutes), since=T0)

@@ -5,30 +5,38 @@ weights, pool minimums and a failed policy. The differential tests draw from it;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from hypothesis import strategies as st
 
 from autoscaler.planner import PlanInput, QueueView, WorkerView
+from autoscaler.planner.model import OfferingView
 from autoscaler.policy.schema import Decision, PoolDecision, TeamDecision
 from tests.planner.builders import NOW, demand, instance, make_input, offering, pool
 
 TEAMS = ["vision", "nlp", "speech"]
 INSTANCE_STATES = ["requested", "launching", "booting", "ready", "draining", "lost", "preempted", "boot_timeout"]
 
-offerings_st = st.lists(
-    st.builds(
-        offering,
-        itype=st.sampled_from(["a", "b", "c"]),
-        ct=st.sampled_from(["spot", "on_demand"]),
-        gpus=st.sampled_from([0, 1, 2, 4, 8]),
-        price=st.floats(0.05, 10, allow_nan=False),
-        zone=st.sampled_from(["z1", "z2"]),
-        gpu_type=st.sampled_from(["A10G", "H100"]),
-    ),
-    min_size=0,
-    max_size=5,
-)
+
+def offerings_st(
+    *, min_size: int = 0, gpu_types: Sequence[str] = ("A10G", "H100")
+) -> st.SearchStrategy[list[OfferingView]]:
+    """Up to 5 offerings over 3 instance types, both capacity types and 2 zones: the draw
+    the snapshots and the planner's properties (`test_properties.py`) share."""
+    return st.lists(
+        st.builds(
+            offering,
+            itype=st.sampled_from(["a", "b", "c"]),
+            ct=st.sampled_from(["spot", "on_demand"]),
+            gpus=st.sampled_from([0, 1, 2, 4, 8]),
+            price=st.floats(0.05, 10, allow_nan=False),
+            zone=st.sampled_from(["z1", "z2"]),
+            gpu_type=st.sampled_from(list(gpu_types)),
+        ),
+        min_size=min_size,
+        max_size=5,
+    )
 
 
 @st.composite
@@ -37,7 +45,7 @@ def snapshots(draw: st.DrawFn) -> PlanInput:
     pools = tuple(
         pool(
             f"p{i}",
-            offerings=tuple(draw(offerings_st)),
+            offerings=tuple(draw(offerings_st())),
             static=draw(st.booleans()) if i == 0 else False,
             max_instances=draw(st.integers(0, 6)),
             min_instances=draw(st.integers(0, 2)),

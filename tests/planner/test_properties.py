@@ -10,29 +10,19 @@ from hypothesis import strategies as st
 from autoscaler.planner import PlanInput, QueueView, plan
 from autoscaler.planner.model import LIVE_STATES
 from autoscaler.policy.schema import Decision, TeamDecision
-from tests.planner.builders import demand, instance, make_input, offering, pool, worker
-
-TEAMS = ["vision", "nlp", "speech"]
-
-offerings_st = st.lists(
-    st.builds(
-        offering,
-        itype=st.sampled_from(["a", "b", "c"]),
-        ct=st.sampled_from(["spot", "on_demand"]),
-        gpus=st.sampled_from([0, 1, 2, 4, 8]),
-        price=st.floats(0.05, 10, allow_nan=False),
-        zone=st.sampled_from(["z1", "z2"]),
-    ),
-    min_size=1,
-    max_size=5,
-)
+from tests.planner.builders import demand, instance, make_input, pool, worker
+from tests.planner.snapshots import TEAMS, offerings_st
 
 
 @st.composite
 def inputs(draw: st.DrawFn) -> PlanInput:
     n_pools = draw(st.integers(1, 3))
     pools = tuple(
-        pool(f"p{i}", offerings=tuple(draw(offerings_st)), max_instances=draw(st.integers(0, 6)))
+        pool(
+            f"p{i}",
+            offerings=tuple(draw(offerings_st(min_size=1, gpu_types=["A10G"]))),
+            max_instances=draw(st.integers(0, 6)),
+        )
         for i in range(n_pools)
     )
     instances = tuple(

@@ -8,7 +8,6 @@ left to cancel. Real Slurm (tests/fakes/slurm.py), real agent, real server.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -28,19 +27,14 @@ from providers.bootstrap import BootstrapSpec, render_user_data
 from providers.slurm import SlurmProvider, SlurmSettings
 from tests.conftest import FAST_AGENT, LiveServer, issue_token
 from tests.fakes.slurm import SlurmCluster
+from tests.waiting import wait_for
 
 ONE_GPU = Offering("slurm.1gpu", "on_demand", None, 1, "Simulated", 1, 500, 0.0)
 OWNER = "slurm-agent-test"
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 30, on_fail: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{on_fail()}")
+    return wait_for(what, check, timeout, every=0.1, describe=on_fail)
 
 
 @pytest.fixture

@@ -196,6 +196,27 @@ def test_cancel_queued_and_running(setup, clock) -> None:
     assert get_task(s, in_flight).state == "canceled"
 
 
+def test_a_lease_whose_answer_was_lost_expires_though_its_agent_heartbeats(setup, clock) -> None:
+    s = setup.sessions
+    lost = add_task(s, clock)
+    clock.advance(1)
+    held = add_task(s, clock)
+    w, w2 = add_worker(s, clock), add_worker(s, clock)
+    assert lease(s, clock, w).id == lost  # the answer never reaches the agent: it lists nothing
+    assert lease(s, clock, w2).id == held  # this agent got its answer: it lists the task
+    for _ in range(3):  # heartbeats past LEASE_TTL (90 s)
+        clock.advance(40)
+        with transaction(s) as sess:
+            wops.heartbeat(sess, w, now=clock.now(), running=[])
+            wops.heartbeat(sess, w2, now=clock.now(), running=[held])
+    with transaction(s) as sess:
+        expired = [t.id for t in ops.expire_leases(sess, now=clock.now())]
+    assert expired == [lost]
+    task = get_task(s, lost)
+    assert task.state == "queued" and task.end_reason == "lost:lease_expired" and task.worker_id is None
+    assert get_task(s, held).state == "leased"  # a listed lease is renewed by each heartbeat
+
+
 def test_silent_worker_is_gone_and_its_task_lost_then_requeued(setup, clock) -> None:
     s = setup.sessions
     tid = add_task(s, clock)

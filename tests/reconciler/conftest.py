@@ -34,3 +34,11 @@ def rig(
     shipped_policy: PolicyService,
 ) -> Rig:
     return make_rig(sqlite_sessions, config, clock, shipped_policy)
+
+
+@pytest.fixture
+def any_rig(db_url: str, config: AutoscalerConfig, clock: ManualClock, shipped_policy: PolicyService) -> Iterator[Rig]:
+    """A rig on each backend: `db_url` runs the test on SQLite and on PostgreSQL."""
+    engine = make_engine(db_url)
+    yield make_rig(session_factory(engine), config, clock, shipped_policy)
+    engine.dispose()

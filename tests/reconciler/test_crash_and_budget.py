@@ -15,7 +15,7 @@ from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig
 from autoscaler.queueing import tasks as task_ops
 from autoscaler.reconciler.states import InstanceState, transition
-from autoscaler.state.db import make_engine, session_factory, transaction
+from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance, SpendRecord, Task
 from providers.base import Capabilities, LaunchRequest, Offering, ProviderInstance
 from providers.fake import FakeProvider
@@ -50,27 +50,25 @@ class CrashingProvider:
         self.inner.terminate(instance_ids)
 
 
-@pytest.fixture
-def sessions_any(db_url: str) -> sessionmaker[Session]:
-    return session_factory(make_engine(db_url))
-
-
-@pytest.mark.parametrize("after_call", [False, True], ids=["before-call", "after-call"])
-def test_crash_around_launch_never_duplicates_nor_orphans(
-    sessions_any: sessionmaker[Session],
-    config: AutoscalerConfig,
-    clock: ManualClock,
-    shipped_policy: object,
-    after_call: bool,
-) -> None:
-    rig = make_rig(sessions_any, config, clock, shipped_policy)  # type: ignore[arg-type]
+def crash_in_a_launch(rig: Rig, *, after_call: bool) -> FakeProvider:
+    """One reconcile cycle whose process dies just before or just after the gpu pool's
+    launch call; returns that pool's fake cloud (what the next process finds there)."""
     fake = rig.fakes["gpu-pool"]
-    rig.enqueue()
     crashing = rig.reconciler(
         {"gpu-pool": CrashingProvider(fake, after_call=after_call), "cpu-pool": rig.fakes["cpu-pool"]}
     )
     with pytest.raises(Crash):
         crashing.run_cycle()
+    return fake
+
+
+@pytest.mark.parametrize("after_call", [False, True], ids=["before-call", "after-call"])
+def test_crash_around_launch_never_duplicates_nor_orphans(
+    any_rig: Rig, config: AutoscalerConfig, clock: ManualClock, after_call: bool
+) -> None:
+    rig = any_rig
+    rig.enqueue()
+    fake = crash_in_a_launch(rig, after_call=after_call)
     (intent,) = rig.instances()
     assert intent.state == "launching" and intent.provider_instance_id is None
     assert len(fake.live()) == (1 if after_call else 0)

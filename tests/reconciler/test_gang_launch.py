@@ -10,15 +10,14 @@ machine nor launches twice, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig
 from autoscaler.queueing import tasks as task_ops
-from autoscaler.state.db import make_engine, session_factory, transaction
+from autoscaler.state.db import transaction
 from providers.base import CapacityError, LaunchRequest, ProviderError, TransientError
-from tests.reconciler.harness import Rig, make_rig
-from tests.reconciler.test_crash_and_budget import Crash, CrashingProvider
+from tests.reconciler.harness import Rig
+from tests.reconciler.test_crash_and_budget import crash_in_a_launch
 
 
 def enqueue_gang(rig: Rig, nodes: int = 2, gpus: int = 1) -> str:
@@ -85,27 +84,13 @@ def test_an_error_fails_the_whole_gang_and_the_retry_takes_a_new_request_id(rig:
     assert sum(1 for c in gang_requests(rig) if c.request_id == first.request_id) == 1
 
 
-@pytest.fixture
-def sessions_any(db_url: str) -> sessionmaker[Session]:
-    return session_factory(make_engine(db_url))
-
-
 @pytest.mark.parametrize("after_call", [False, True], ids=["before-call", "after-call"])
 def test_a_crash_around_a_gang_launch_neither_leaks_nor_launches_twice(
-    sessions_any: sessionmaker[Session],
-    config: AutoscalerConfig,
-    clock: ManualClock,
-    shipped_policy: object,
-    after_call: bool,
+    any_rig: Rig, config: AutoscalerConfig, clock: ManualClock, after_call: bool
 ) -> None:
-    rig = make_rig(sessions_any, config, clock, shipped_policy)  # type: ignore[arg-type]
-    fake = rig.fakes["gpu-pool"]
+    rig = any_rig
     enqueue_gang(rig)
-    crashing = rig.reconciler(
-        {"gpu-pool": CrashingProvider(fake, after_call=after_call), "cpu-pool": rig.fakes["cpu-pool"]}
-    )
-    with pytest.raises(Crash):
-        crashing.run_cycle()
+    fake = crash_in_a_launch(rig, after_call=after_call)
     intents = rig.instances()
     assert len(intents) == 2 and {i.state for i in intents} == {"launching"}
     assert len(fake.live()) == (2 if after_call else 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.artifacts.store import LocalStore
+from autoscaler.lifecycle import TASK_FINAL
 from autoscaler.sdk import Client
 from tests.agent.conftest import PY, AgentHarness, py
 from tests.conftest import REPO, free_port, issue_token
@@ -66,7 +67,9 @@ def test_python_train_py_enqueues_itself_and_the_sdk_returns_the_workers_output(
     task_id = lines[0]
     with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
         task = client.task(task_id)
-        info = task.wait(timeout=30, poll_s=0.2)
+        # Waited for in the harness first: a timeout there shows the task's history and the agent's log.
+        harness.wait_state(task_id, *TASK_FINAL, timeout=30)
+        info = task.wait(timeout=5, poll_s=0.2)
         assert info.state == "succeeded" and info.exit_code == 0, harness.agents[0].log()
         assert info.command == [PY, "train.py", "--epochs", "2", "a b"]
         assert info.working_dir == str(script.parent)
@@ -245,7 +248,8 @@ def test_a_module_run_with_dash_m_is_run_the_same_way_on_the_worker(harness: Age
     assert done.returncode == 0, done.stderr
     task_id = done.stdout.strip()
     with Client(harness.server.url, issue_token(harness.ctx, "admin")) as client:
-        info = client.task(task_id).wait(timeout=30, poll_s=0.2)
+        harness.wait_state(task_id, *TASK_FINAL, timeout=30)
+        info = client.task(task_id).wait(timeout=5, poll_s=0.2)
         assert info.command == [PY, "-m", "trainer.train", "--lr", "1"]
         assert info.working_dir == str(tmp_path / "project") and info.state == "succeeded"
         assert client.task(task_id).output("stdout").startswith(f"worker ran {package / 'train.py'} ['--lr', '1']")
