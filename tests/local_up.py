@@ -11,6 +11,7 @@ log's tail, which is where the reason a wait ran out is.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,28 @@ def until(what: str, probe: Callable[[], Any], timeout_s: float, log: Path) -> A
     """The probe's first truthy value within `timeout_s`, polled every 0.25 s; a timeout
     shows the server's log."""
     return wait_for(what, probe, timeout_s, every=0.25, describe=lambda: f"server log:\n{log.read_text()[-6000:]}")
+
+
+def kill_rank_agent(api: httpx.Client, home: Path, task_id: str, rank: int) -> str:
+    """SIGKILL the local machine that runs `rank` of a gang (its agent and all); returns
+    the killed worker's id."""
+    ranks = api.get(f"/api/v1/tasks/{task_id}").json()["ranks"]
+    victim = next(r["worker_id"] for r in ranks if r["rank"] == rank)
+    worker = api.get(f"/api/v1/workers/{victim}").json()
+    record = json.loads((home / "local-instances" / worker["instance_id"] / "instance.json").read_text())
+    os.kill(record["pid"], signal.SIGKILL)
+    return str(victim)
+
+
+def until_requeued(api: httpx.Client, task_id: str, timeout_s: float, log: Path) -> dict[str, Any]:
+    """The task once it has been interrupted and requeued at least once."""
+
+    def requeued() -> dict[str, Any] | None:
+        t: dict[str, Any] = api.get(f"/api/v1/tasks/{task_id}").json()
+        return t if t["interruptions"] >= 1 else None
+
+    found: dict[str, Any] = until("the gang to be requeued as one", requeued, timeout_s, log)
+    return found
 
 
 @dataclass

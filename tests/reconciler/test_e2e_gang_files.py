@@ -10,9 +10,6 @@ one), then succeeds; its outputs are listed per rank."""
 from __future__ import annotations
 
 import io
-import json
-import os
-import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -21,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.local_up import local_up
+from tests.local_up import kill_rank_agent, local_up, until_requeued
 from tests.local_up import until as _until
 
 # Rank R counts steps into ckpt/step as "R STEP" (written, then renamed), rank 0 faster
@@ -125,17 +122,8 @@ def test_a_gang_carries_its_code_and_resumes_every_rank_from_its_own_checkpoint(
             return ranks == {0, 1}
 
         _until("both ranks' first periodic checkpoint", both_checkpointed, 120, log)
-        ranks = api.get(f"/api/v1/tasks/{task_id}").json()["ranks"]
-        victim = next(r["worker_id"] for r in ranks if r["rank"] == 1)
-        worker = api.get(f"/api/v1/workers/{victim}").json()
-        record = json.loads((home / "local-instances" / worker["instance_id"] / "instance.json").read_text())
-        os.kill(record["pid"], signal.SIGKILL)
-
-        def requeued() -> dict[str, Any] | None:
-            t = api.get(f"/api/v1/tasks/{task_id}").json()
-            return t if t["interruptions"] >= 1 else None
-
-        after = _until("the gang to be requeued as one", requeued, 90, log)
+        kill_rank_agent(api, home, task_id, 1)
+        after = until_requeued(api, task_id, 90, log)
         assert after["failures"] == 0 and after["end_reason"].startswith("lost:")
 
         def resumed_lines() -> dict[int, list[str]] | None:

@@ -9,16 +9,13 @@ machine-caused end spends no attempt) and succeeds on the next attempt."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from providers.base import TAG_GANG
-from tests.local_up import local_up
+from tests.local_up import kill_rank_agent, local_up, until_requeued
 from tests.local_up import until as _until
 
 # Each rank prints when it started and its variables, then meets the others at
@@ -150,17 +147,8 @@ def test_a_two_node_gang_runs_together_and_recovers_as_one(tmp_path: Path) -> No
             return any(line.startswith("MET") for _a, line in _lines(api, second, 1))
 
         _until("the second gang to meet", met, 90, log)
-        ranks = api.get(f"/api/v1/tasks/{second}").json()["ranks"]
-        victim = next(r["worker_id"] for r in ranks if r["rank"] == 1)
-        worker = api.get(f"/api/v1/workers/{victim}").json()
-        record = json.loads((home / "local-instances" / worker["instance_id"] / "instance.json").read_text())
-        os.kill(record["pid"], signal.SIGKILL)
-
-        def requeued() -> dict[str, Any] | None:
-            t = api.get(f"/api/v1/tasks/{second}").json()
-            return t if t["interruptions"] >= 1 else None
-
-        after = _until("the gang to be requeued as one", requeued, 60, log)
+        victim = kill_rank_agent(api, home, second, 1)
+        after = until_requeued(api, second, 60, log)
         assert after["failures"] == 0 and after["end_reason"].startswith("lost:")
         stopped = [r for r in after["ranks"] if r["attempt"] == 1 and r["rank"] == 0]
         assert stopped and stopped[0]["state"] in ("stopping", "exited", "released")
