@@ -9,9 +9,12 @@ team. Names a task gives its outputs are kept in the row, not in the key.
 from __future__ import annotations
 
 import hashlib
+import secrets
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from autoscaler.artifacts.store import ArtifactStore, Written
@@ -26,10 +29,27 @@ def snapshot_key(team: str, digest: str) -> str:
     return f"snapshots/{team}/{digest.removeprefix('sha256:')}"
 
 
-def artifact_key(task_id: str, attempt: int, kind: str, name: str, generation: int = 0) -> str:
+def artifact_key(task_id: str, attempt: int, kind: str, name: str, generation: int = 0, *, upload: str = "") -> str:
+    """Where one upload of an artifact is stored. `upload` (see `upload_id`) makes the key
+    the upload's own, so two uploads of the same artifact in flight at once never write
+    one object: the row recorded last names the bytes that were sent with it."""
     # The name is hashed: it is the task's choice and may hold anything a path can.
     base = f"tasks/{task_id}/{attempt}/{kind}/{hashlib.sha256(name.encode()).hexdigest()[:40]}"
-    return f"{base}.g{generation}" if generation else base
+    base = f"{base}.g{generation}" if generation else base
+    return f"{base}.u{upload}" if upload else base
+
+
+def upload_id() -> str:
+    return secrets.token_hex(8)
+
+
+class AlreadyStored(Exception):
+    """A write-once version (a gang's checkpoint generation) is already recorded."""
+
+
+class Recorded(NamedTuple):
+    artifact: Artifact
+    replaced_key: str | None  # the object the new row replaced: the caller deletes it after commit
 
 
 def rank_name(rank: int | None, name: str) -> str:
@@ -65,16 +85,30 @@ def record_artifact(
     now: datetime,
     rank: int | None = None,
     generation: int = 0,
-) -> Artifact:
-    """Add the artifact, or replace its attempt's earlier version of the same generation
-    (a single task's periodic checkpoint)."""
+) -> Recorded:
+    """Add the artifact, or replace its attempt's earlier version (generation 0: a single
+    task's output or periodic checkpoint, the newest wins). A gang's generation (> 0) is
+    write-once: a second upload of it raises AlreadyStored, also when both raced past
+    the route's early check (the unique index decides; a savepoint keeps the
+    transaction usable on PostgreSQL)."""
     row = find_version(session, task_id, name, attempt, generation)
     if row is None:
-        row = Artifact(task_id=task_id, team=team, name=name, attempt=attempt, rank=rank, generation=generation)
-        session.add(row)
+        try:
+            with session.begin_nested():
+                row = Artifact(task_id=task_id, team=team, name=name, attempt=attempt, rank=rank, generation=generation)
+                row.kind, row.key, row.size, row.digest, row.created_at = kind, key, written.size, written.digest, now
+                session.add(row)
+            return Recorded(row, None)
+        except IntegrityError:
+            row = find_version(session, task_id, name, attempt, generation)  # the concurrent upload won
+            if row is None:
+                raise
+    if generation:
+        raise AlreadyStored(f"generation {generation} of {name} of attempt {attempt} is already stored")
+    replaced = row.key if row.key != key else None
     row.kind, row.key, row.size, row.digest, row.created_at = kind, key, written.size, written.digest, now
     session.flush()
-    return row
+    return Recorded(row, replaced)
 
 
 def find_version(session: Session, task_id: str, name: str, attempt: int, generation: int) -> Artifact | None:

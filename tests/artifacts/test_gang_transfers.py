@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +25,7 @@ from autoscaler.artifacts.store import LocalStore
 from tests.artifacts.test_api import client, team, tgz, upload
 from tests.conftest import LiveServer, issue_token
 from tests.test_cli import cli
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -256,3 +258,77 @@ def test_the_set_an_attempt_restores_is_fixed_when_its_gang_is_complete(server: 
         for t in (early, late)
     }
     assert got == {0: "0/1", 1: "1/1"}
+
+
+class HeldUpload:
+    """A PUT whose body stops after its first block until `finish()`: the server has
+    passed its early write-once check and is streaming into the store (its `.part` file
+    is there) when another upload of the same artifact runs to its end."""
+
+    def __init__(self, server: LiveServer, url: str, body: bytes, **params: Any) -> None:
+        self._go = threading.Event()
+        self._reply: list[httpx.Response] = []
+
+        def blocks() -> Iterator[bytes]:
+            yield body[:1]
+            self._go.wait(30)
+            yield body[1:]
+
+        def send() -> None:
+            self._reply.append(httpx.put(server.url + url, content=blocks(), params=params, timeout=30))
+
+        self._thread = threading.Thread(target=send, daemon=True)
+        store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
+        self._thread.start()
+        wait_for(
+            "the held upload to stream into the store",
+            lambda: any(p.name.endswith(".part") for p in store_dir.rglob("*")),
+        )
+
+    def finish(self) -> httpx.Response:
+        self._go.set()
+        self._thread.join(30)
+        return self._reply[0]
+
+
+def test_two_uploads_of_one_generation_in_flight_at_once_store_the_first_to_finish(server: LiveServer) -> None:
+    """Both pass the early check; the one recorded second is refused (409, never a 500
+    from the unique index) and its bytes never replace the stored generation's."""
+    vision = team(server, "vision")
+    task_id = vision.post("/api/v1/tasks", json={**GANG, "checkpoint_dir": "ckpt"}).json()["id"]
+    got = {int(g["env"]["NODE_RANK"]): g for g in lease_gang(register(server, 0), register(server, 1))}
+    url = got[0]["transfers"]["checkpoint_upload_url"]
+    slow, fast = tgz({"step": b"slow"}), tgz({"step": b"fast"})
+    held = HeldUpload(server, url, slow, generation=1, format="tar.gz")
+    assert put(server, url, fast, generation=1, format="tar.gz").status_code == 200
+    late = held.finish()
+    assert late.status_code == 409 and "already stored" in late.json()["detail"], late.text
+    listed = vision.get(f"/api/v1/tasks/{task_id}/artifacts").json()
+    assert [(a["name"], a["generation"]) for a in listed] == [("rank-0/checkpoint.tar.gz", 1)]
+    body = vision.get(f"/api/v1/tasks/{task_id}/artifacts/rank-0/checkpoint.tar.gz", params={"generation": 1})
+    assert step_of(body.content) == "fast" and listed[0]["digest"] == "sha256:" + hashlib.sha256(fast).hexdigest()
+    store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
+    assert (
+        len([p for p in store_dir.rglob("*") if p.is_file() and "/checkpoint/" in str(p)]) == 1
+    )  # the refused one's bytes are gone
+
+
+def test_a_retried_output_upload_racing_its_first_try_leaves_one_consistent_version(server: LiveServer) -> None:
+    """A single task's output is replaced by its newest upload: whichever is recorded last
+    names the artifact, with its own bytes and digest, and the replaced bytes are deleted."""
+    vision = team(server, "vision")
+    task_id = vision.post("/api/v1/tasks", json={**GANG, "nodes": 1, "outputs": ["o"]}).json()["id"]
+    w = register(server, 0)
+    got = lease(w)
+    assert got is not None and got["id"] == task_id
+    w[1].post(f"/api/v1/workers/{w[0]}/tasks/{task_id}/start", json={})
+    url = got["transfers"]["output_urls"]["o"]
+    held = HeldUpload(server, url, b"first try")
+    assert put(server, url, b"retry").status_code == 200
+    late = held.finish()
+    assert late.status_code == 200, late.text
+    listed = vision.get(f"/api/v1/tasks/{task_id}/artifacts").json()
+    assert [(a["name"], a["digest"]) for a in listed] == [("o", "sha256:" + hashlib.sha256(b"first try").hexdigest())]
+    assert vision.get(f"/api/v1/tasks/{task_id}/artifacts/o").content == b"first try"
+    store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
+    assert len([p for p in store_dir.rglob("*") if p.is_file() and "/output/" in str(p)]) == 1

@@ -186,32 +186,43 @@ def transfer_put(
     name = records.rank_name(t.rank, t.name + (".tar.gz" if format == "tar.gz" and t.kind == "output" else ""))
     # Generations are a gang's checkpoints' (a single task's periodic one replaces its last).
     gen = generation if t.rank is not None and t.kind == "checkpoint" else 0
+    stored = Conflict(f"generation {gen} of {name} of attempt {t.attempt} is already stored; it is kept as is")
     with tx(ctx) as s:
         task = _live_attempt(s, t)
         team = task.team
         if gen and records.find_version(s, t.task_id, name, t.attempt, gen) is not None:
-            # Write-once: a set another rank may be restoring from never changes under it.
-            raise Conflict(f"generation {gen} of {name} of attempt {t.attempt} is already stored; it is kept as is")
-    key = records.artifact_key(t.task_id, t.attempt, t.kind, name, gen)
+            raise stored  # write-once: a set another rank may be restoring from never changes under it
+    # The upload's own key: a concurrent or retried upload of the same artifact never
+    # overwrites these bytes; the row recorded below is what names the artifact.
+    key = records.artifact_key(t.task_id, t.attempt, t.kind, name, gen, upload=records.upload_id())
     written = store.put(key, request_blocks(request), limit_bytes=ctx.config.artifacts.max_artifact_bytes)
-    with tx(ctx) as s:
-        art = records.record_artifact(
-            s,
-            task_id=t.task_id,
-            team=team,
-            attempt=t.attempt,
-            kind=t.kind,
-            name=name,
-            key=key,
-            written=written,
-            now=ctx.clock.now(),
-            rank=t.rank,
-            generation=gen,
-        )
-        out = ArtifactOut.model_validate(art)
-        gang = s.get(Task, t.task_id) if t.rank is not None and t.kind == "checkpoint" else None
-        gone = gang_checkpoints.prune(s, gang) if gang is not None else []
+    try:
+        with tx(ctx) as s:
+            art, replaced = records.record_artifact(
+                s,
+                task_id=t.task_id,
+                team=team,
+                attempt=t.attempt,
+                kind=t.kind,
+                name=name,
+                key=key,
+                written=written,
+                now=ctx.clock.now(),
+                rank=t.rank,
+                generation=gen,
+            )
+            out = ArtifactOut.model_validate(art)
+            gang = s.get(Task, t.task_id) if t.rank is not None and t.kind == "checkpoint" else None
+            gone = gang_checkpoints.prune(s, gang) if gang is not None else []
+    except records.AlreadyStored:
+        store.delete(key)
+        raise stored from None
+    except BaseException:
+        store.delete(key)  # not recorded: nothing names these bytes
+        raise
     gang_checkpoints.delete_files(store, gone)
+    if replaced is not None:
+        store.delete(replaced)  # the version this upload replaced, once no row names it
     return out
 
 
