@@ -31,7 +31,7 @@ from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
 from autoscaler.artifacts.backends import open_store
-from autoscaler.artifacts.records import prune as prune_artifacts
+from autoscaler.artifacts.records import expire as expire_artifacts
 from autoscaler.auth.sealing import DEFAULT_KEY_FILE, SecretKeys, load_key_file
 from autoscaler.auth.tokens import create_token, hash_token
 from autoscaler.clock import SystemClock
@@ -208,8 +208,7 @@ def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> R
             return
         try:
             cutoff = ctx.clock.now() - timedelta(days=config.artifacts.retention_days)
-            with transaction(ctx.sessions) as s:
-                n = prune_artifacts(s, store, older_than=cutoff)
+            n = expire_artifacts(ctx.sessions, store, older_than=cutoff)
             if n:
                 log.info("artifact retention: deleted %d artifact(s) and snapshot(s) older than %s", n, cutoff)
         except Exception:

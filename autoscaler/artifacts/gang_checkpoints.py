@@ -24,7 +24,6 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autoscaler.artifacts.store import ArtifactStore
 from autoscaler.lifecycle import RANK_ACTIVE
 from autoscaler.state.models import Artifact, Task, TaskRank
 
@@ -98,9 +97,3 @@ def prune(session: Session, task: Task) -> list[str]:
             session.delete(row)
     session.flush()
     return gone
-
-
-def delete_files(store: ArtifactStore, keys: list[str]) -> None:
-    """Delete forgotten checkpoint files, after the commit that forgot them."""
-    for key in keys:
-        store.delete(key)

@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.artifacts.store import ArtifactStore, Written
 from autoscaler.queueing.states import ACTIVE, TaskState
+from autoscaler.state.db import transaction
 from autoscaler.state.models import Artifact, Snapshot, Task
 
 KINDS = ("output", "checkpoint")
@@ -151,16 +152,18 @@ def latest_checkpoint(session: Session, task_id: str) -> Artifact | None:
     return session.scalars(stmt.order_by(Artifact.attempt.desc(), Artifact.created_at.desc()).limit(1)).first()
 
 
-def prune(session: Session, store: ArtifactStore, *, older_than: datetime) -> int:
-    """Retention: forget and delete artifacts and snapshots stored before `older_than`.
+def prune(session: Session, *, older_than: datetime) -> list[str]:
+    """Retention: forget artifacts and snapshots stored before `older_than`; returns their
+    store keys, for the caller to delete once the transaction has committed (no store
+    call inside a transaction: a slow store would hold the database's write lock; a
+    file whose delete fails is an orphan in the store, never a row pointing at nothing).
 
     A snapshot still named by a queued or running task is kept (deleting it would fail
     the task's next attempt); it ages out once no such task is left."""
-    n = 0
+    gone: list[str] = []
     for art in list(session.scalars(select(Artifact).where(Artifact.created_at < older_than))):
-        store.delete(art.key)
+        gone.append(art.key)
         session.delete(art)
-        n += 1
     live_states = [s.value for s in ACTIVE] + [TaskState.QUEUED.value]
     in_use = {
         (t.team, str((t.code or {}).get(field) or ""))
@@ -170,7 +173,22 @@ def prune(session: Session, store: ArtifactStore, *, older_than: datetime) -> in
     for snap in list(session.scalars(select(Snapshot).where(Snapshot.created_at < older_than))):
         if (snap.team, snap.digest) in in_use:
             continue
-        store.delete(snap.key)
+        gone.append(snap.key)
         session.execute(delete(Snapshot).where(Snapshot.team == snap.team, Snapshot.digest == snap.digest))
-        n += 1
-    return n
+    session.flush()
+    return gone
+
+
+def expire(sessions: sessionmaker[Session], store: ArtifactStore, *, older_than: datetime) -> int:
+    """The retention job: forget what is older than `older_than`, commit, then delete
+    the objects. Returns how many were forgotten."""
+    with transaction(sessions) as s:
+        gone = prune(s, older_than=older_than)
+    delete_objects(store, gone)
+    return len(gone)
+
+
+def delete_objects(store: ArtifactStore, keys: list[str]) -> None:
+    """Delete the objects of forgotten rows, after the commit that forgot them."""
+    for key in keys:
+        store.delete(key)

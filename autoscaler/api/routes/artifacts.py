@@ -220,7 +220,7 @@ def transfer_put(
     except BaseException:
         store.delete(key)  # not recorded: nothing names these bytes
         raise
-    gang_checkpoints.delete_files(store, gone)
+    records.delete_objects(store, gone)
     if replaced is not None:
         store.delete(replaced)  # the version this upload replaced, once no row names it
     return out

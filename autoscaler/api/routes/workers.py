@@ -29,7 +29,7 @@ from autoscaler.api.schemas import (
     TaskOut,
     WorkerOut,
 )
-from autoscaler.artifacts import gang_checkpoints
+from autoscaler.artifacts import gang_checkpoints, records
 from autoscaler.auth.sealing import SecretUnavailable
 from autoscaler.errors import AutoscalerError, Forbidden, SecurityNote
 from autoscaler.lifecycle import RANK_ACTIVE
@@ -283,7 +283,7 @@ def finish(worker_id: str, task_id: str, body: FinishIn, auth: Auth, ctx: Ctx) -
         gone = gang_checkpoints.prune(s, task) if store is not None else []
         out = TaskOut.model_validate(task)
     if store is not None:
-        gang_checkpoints.delete_files(store, gone)
+        records.delete_objects(store, gone)
     ctx.wake("task finished")
     if out.state == TaskState.QUEUED.value:
         ctx.lease_waiters.notify(1)  # a failed attempt went back to the queue: someone may take it
