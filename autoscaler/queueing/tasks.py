@@ -876,10 +876,11 @@ def _release_worker(session: Session, worker_id: str, now: datetime) -> None:
     worker = session.get(Worker, worker_id)
     if worker is None or worker.state != WorkerState.BUSY:
         return
-    _used, active = _busy_indices(session, worker_id)
+    # Idle once it holds no gang rank and runs no task (two probes, no rows loaded).
     if gangs.holding_on(session, worker_id):
         return
-    if not [t for t in active if t.worker_id == worker_id and t.state in {s.value for s in ACTIVE}]:
+    running = exists().where(Task.worker_id == worker_id, Task.state.in_([s.value for s in ACTIVE]))
+    if not session.scalar(select(running)):
         move_worker(worker, WorkerState.IDLE)
         worker.idle_since = now
 
