@@ -8,13 +8,17 @@ we keep the location and the message and drop the rest. Unlike rego-cpp it needs
 per-rule diagnosis: a conflict or a failed builtin already names its file and line.
 
 A regorus Engine is bound to the thread that made it (the binding is a pyo3
-`unsendable` class: touching or dropping it on another thread raises). The service
-calls the policy from request threads and the reconcile thread alike, so the runtime
-owns one thread that creates, uses and drops its engine, and hands every call to it.
-The engine's child process (isolation.py) has one thread and serves one request at a
-time, so there the runtime is made `same_thread`: calls run on the calling thread,
-without the hand-off (a queue put, a wake-up, a future: a tenth of a millisecond
-quiet, more on a loaded machine, against a one-team evaluation of a few tenths).
+`unsendable` class: touching or dropping it on another thread raises). So every
+engine is made, used and dropped on one thread: calls from the thread that made the
+runtime (its home: the simulator's and the CLI's only thread, the engine child's)
+run right there, on an engine kept in that thread's slot of a module-level
+`threading.local`; calls from any other thread (the service in-process: request
+threads and the reconcile thread) go to one owner thread with its own engine. Each
+engine is rebuilt from the last good `load` the first time it is used after one, so
+both answer the same policy. The hand-off to the owner (a queue put, a wake-up, a
+future) is a tenth of a millisecond quiet and several on a loaded machine, against a
+one-team evaluation of a few tenths: that is why the home thread does not take it.
+`same_thread` (the engine's child) refuses calls from other threads instead.
 
 Why regorus is the default and what was measured: docs/policies.md and
 docs/benchmarks.md.
@@ -22,6 +26,7 @@ docs/benchmarks.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import re
@@ -44,6 +49,13 @@ _NO_FUNCTION = "could not find function"
 _UNDEFINED = '"<undefined>"'
 T = TypeVar("T")
 _Call = tuple[Callable[[dict[str, Any]], Any], Future[Any]]
+_Spec = tuple[dict[str, str], dict[str, Any], str]  # modules, data, rule: what `load` was given
+
+# Per thread: {runtime serial: engine state} of the runtimes made on that thread. A
+# thread's slot is cleared on that thread when it ends; see `_Home` for the rest.
+_HOME_STATES = threading.local()
+_SERIALS = itertools.count(1)
+_COLLECTED_ELSEWHERE: set[int] = set()  # serials of runtimes collected off their home thread
 
 
 def parse_error(text: str, fallback_file: str = "(policy)") -> Problem:
@@ -153,39 +165,100 @@ def _unknown(names: list[str]) -> list[str]:
     return unknown
 
 
-class _Here:
-    """Runs the functions on the calling thread, which must be the one that made it."""
+def _states_here() -> dict[int, dict[str, Any]]:
+    states: dict[int, dict[str, Any]] | None = getattr(_HOME_STATES, "states", None)
+    if states is None:
+        states = _HOME_STATES.states = {}
+    # Engines of runtimes collected on another thread, dropped now, on their own.
+    for serial in _COLLECTED_ELSEWHERE & states.keys():
+        del states[serial]
+        _COLLECTED_ELSEWHERE.discard(serial)
+    return states
 
-    def __init__(self) -> None:
-        self._state: dict[str, Any] = {}
+
+def _release(serial: int, home: int) -> None:
+    """The runtime is gone: drop its home engine now if this is its thread, else mark it
+    for its thread's next call (or exit) to drop."""
+    if threading.get_ident() == home:
+        _states_here().pop(serial, None)
+    else:
+        _COLLECTED_ELSEWHERE.add(serial)
+
+
+class _Home:
+    """Runs calls on the thread that made the runtime, on that thread's engine."""
+
+    def __init__(self, holder: object) -> None:
+        self._serial = next(_SERIALS)
         self._thread = threading.get_ident()
+        self._release = weakref.finalize(holder, _release, self._serial, self._thread)
+
+    def here(self) -> bool:
+        return threading.get_ident() == self._thread
 
     def call(self, fn: Callable[[dict[str, Any]], T]) -> T:
-        if threading.get_ident() != self._thread:
-            raise RuntimeError(
-                "a same_thread RegorusRuntime was called from another thread: make it without same_thread"
-            )
-        return fn(self._state)
+        return fn(_states_here().setdefault(self._serial, {}))
 
     def stop(self) -> None:
-        if threading.get_ident() == self._thread:
-            self._state.clear()
+        self._release()
 
 
 class RegorusRuntime:
-    """One compiled policy in a regorus Engine, queried at one rule.
+    """One compiled policy in regorus Engines (one per thread that calls it: its home
+    thread's and the owner thread's), queried at one rule.
 
     `same_thread=True` is for a process that calls it from the thread that made it and
-    no other (the engine's child process); any other caller gets the owner thread.
+    no other (the engine's child process): a call from another thread is refused.
     """
 
     def __init__(self, *, same_thread: bool = False) -> None:
-        self._owner: _Owner | _Here = _Here() if same_thread else _Owner(self)
+        self._home = _Home(self)
+        self._same_thread = same_thread
+        self._owner: _Owner | None = None  # started at the first call from another thread
+        self._lock = threading.Lock()
+        self._spec: _Spec | None = None
+        self._generation = 0  # of the last good load; each engine rebuilds when behind
+
+    def _executor(self) -> _Home | _Owner:
+        if self._home.here():
+            return self._home
+        if self._same_thread:
+            raise RuntimeError(
+                "a same_thread RegorusRuntime was called from another thread: make it without same_thread"
+            )
+        with self._lock:
+            if self._owner is None:
+                self._owner = _Owner(self)
+            return self._owner
+
+    def _on_current(self, fn: Callable[[dict[str, Any]], T]) -> T:
+        """Run `fn` on this thread's executor, its engine brought up to the last good load."""
+        executor = self._executor()
+        with self._lock:
+            spec, generation = self._spec, self._generation
+
+        def current(state: dict[str, Any]) -> T:
+            if spec is not None and state.get("generation", 0) < generation:
+                _load(state, *spec)
+                state["generation"] = generation
+            return fn(state)
+
+        return executor.call(current)
 
     def load(self, modules: dict[str, str], data: dict[str, Any], entrypoint: str) -> None:
-        """Parse every module and the data; raises RegoFailure with file:line problems."""
-        rule = rule_path(entrypoint)
-        self._owner.call(lambda state: _load(state, modules, data, rule))
+        """Parse every module and the data; raises RegoFailure with file:line problems
+        (and then every engine keeps the last good load)."""
+        spec: _Spec = (modules, data, rule_path(entrypoint))
+        executor = self._executor()
+        with self._lock:  # one load at a time; the next generation is this one's
+            generation = self._generation + 1
+
+            def build(state: dict[str, Any]) -> None:
+                _load(state, *spec)
+                state["generation"] = generation
+
+            executor.call(build)
+            self._spec, self._generation = spec, generation
 
     def evaluate(self, policy_input: dict[str, Any]) -> tuple[Any, float]:
         """The rule's value (None when undefined) and the evaluation time in ms."""
@@ -199,13 +272,15 @@ class RegorusRuntime:
         objects), so both ends go through JSON.
         """
         started = time.perf_counter()
-        out = self._owner.call(lambda state: _evaluate(state, input_text))
+        out = self._on_current(lambda state: _evaluate(state, input_text))
         value = None if out.strip() == _UNDEFINED else json.loads(out)
         return value, (time.perf_counter() - started) * 1000
 
     def unknown_functions(self, names: list[str]) -> list[str]:
         """Names regorus has no builtin for."""
-        return self._owner.call(lambda _state: _unknown(names))
+        return self._executor().call(lambda _state: _unknown(names))
 
     def close(self) -> None:
-        self._owner.stop()
+        self._home.stop()
+        if self._owner is not None:
+            self._owner.stop()
