@@ -115,13 +115,22 @@ def upload(
         with opened() as fh:
             yield from iter(lambda: fh.read(BLOCK), b"")
 
+    tries = 0
+
     def once() -> str:
+        nonlocal tries
+        tries += 1
         params: dict[str, str | int] = {"format": fmt}
         if generation:
             params["generation"] = generation
         r = httpx.put(_url(base, url), content=blocks(), params=params, timeout=timeout_s)
         if r.status_code >= 500:
             raise _Retry(f"the server answered {r.status_code}")
+        if r.status_code == 409 and generation and tries > 1:
+            # A write-once generation refused on a retry: an earlier try of this upload
+            # was stored and its answer lost (only this rank of this attempt may store
+            # this name, and the agent numbers each generation once), so these bytes.
+            return mine
         if r.status_code >= 400:
             raise CarryFailed(f"refused ({r.status_code}): {_detail(r)}")
         return str(r.json().get("digest", ""))

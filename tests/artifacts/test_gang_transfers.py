@@ -332,3 +332,39 @@ def test_a_retried_output_upload_racing_its_first_try_leaves_one_consistent_vers
     assert vision.get(f"/api/v1/tasks/{task_id}/artifacts/o").content == b"first try"
     store_dir = Path(str(server.ctx.artifacts.root))  # type: ignore[union-attr]
     assert len([p for p in store_dir.rglob("*") if p.is_file() and "/output/" in str(p)]) == 1
+
+
+def test_an_agent_whose_checkpoint_answer_was_lost_retries_into_the_stored_generation(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first try is stored but its answer never arrives (a timeout): the retry is
+    refused as already stored, which is this upload's own success, not a failure."""
+    from autoscaler.agent import carry
+    from autoscaler.agent.wire import LeasedTask
+
+    vision = team(server, "vision")
+    r = vision.post("/api/v1/tasks", json={**GANG, "checkpoint_dir": "ckpt", "checkpoint_every_s": 60})
+    task_id = r.json()["id"]
+    got0, _got1 = lease_gang(register(server, 0), register(server, 1))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step").write_text("7")
+    real_put, calls = httpx.put, []
+
+    def answer_lost_once(*args: Any, **kw: Any) -> httpx.Response:
+        calls.append(args[0])
+        reply = real_put(*args, **kw)
+        if len(calls) == 1:
+            raise httpx.ReadTimeout("the answer was lost")
+        return reply
+
+    monkeypatch.setattr(carry.httpx, "put", answer_lost_once)
+    notes: list[str] = []
+    carry.save_checkpoint(server.url, LeasedTask.model_validate(got0), tmp_path, notes.append, generation=1)
+    assert len(calls) == 2 and notes and notes[0].startswith("checkpoint: saved ckpt"), notes
+    rank = int(got0["env"]["NODE_RANK"])
+    stored = [a for a in vision.get(f"/api/v1/tasks/{task_id}/artifacts").json() if a["kind"] == "checkpoint"]
+    assert [(a["name"], a["generation"]) for a in stored] == [(f"rank-{rank}/checkpoint.tar.gz", 1)]
+    # A first try refused so is someone else's generation: still a failure.
+    monkeypatch.setattr(carry.httpx, "put", real_put)
+    with pytest.raises(carry.CarryFailed, match="409"):
+        carry.save_checkpoint(server.url, LeasedTask.model_validate(got0), tmp_path, notes.append, generation=1)
