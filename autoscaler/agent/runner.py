@@ -617,4 +617,17 @@ class _Launch:
             user = self.user
             who = f" as {user.name} (uid {user.uid})" if user is not None and user.switch else ""
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise StartFailed(f"cannot start {argv[0]!r}{who}: {why}") from None
+            raise StartFailed(f"cannot start {argv[0]!r}{who}: {why}{_on_path(argv[0], self.env, user)}") from None
+
+
+def _on_path(program: str, env: dict[str, str], user: TaskUser | None) -> str:
+    """For a bare program name: where the task's PATH has it, as the agent sees it. A
+    name found only where the task user cannot reach (a pyenv under /root) reads
+    'Permission denied', which alone does not say where to look."""
+    if "/" in program:
+        return ""
+    found = [str(Path(d) / program) for d in os.get_exec_path(env) if (Path(d) / program).is_file()]
+    if not found:
+        return f"; no {program!r} on the task's PATH"
+    as_whom = f" {user.name} must be able to reach and run one" if user is not None and user.switch else ""
+    return f"; on the task's PATH: {', '.join(found[:3])}{';' + as_whom if as_whom else ''}"
