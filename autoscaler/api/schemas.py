@@ -25,7 +25,9 @@ TaskPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity (which Python's JSON reader accepts) are refused as not finite,
+    # rather than compared against a bound and refused as "greater than" it.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Out(BaseModel):
@@ -149,6 +151,14 @@ class TaskIn(Body):
         le=365 * 86400,
         description="How long the task runs, in seconds. Null: estimated from earlier runs of the same command.",
     )
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, command: list[str]) -> list[str]:
+        # An empty program name can never start: refused here, not failed on a worker.
+        if not command[0].strip():
+            raise ValueError("the program (the first word of the command) is empty; give e.g. ['python', 'train.py']")
+        return command
 
     @field_validator("retry_on_exit_codes")
     @classmethod
