@@ -30,6 +30,23 @@ def test_validation_errors_name_the_field(api) -> None:
     assert r.status_code == 422
 
 
+@pytest.mark.parametrize(
+    "field,words",
+    [
+        # Each said "String should match pattern '^[a-z0-9][a-z0-9_.-]{0,62}$'" (or its like).
+        ({"queue": "GPU"}, "body.queue: 'GPU' is not a name: lowercase letters, digits, '.', '_' and '-'"),
+        ({"team": "vïsion"}, "body.team: 'vïsion' is not a name: lowercase letters"),
+        ({"env": {"1A": "x"}}, "body.env.1A.[key]: '1A' is not a variable name: letters, digits and '_'"),
+        ({"code": {"snapshot": "abc"}}, "body.code.snapshot: 'abc' is not a digest: 'sha256:' and 64"),
+    ],
+)
+def test_a_pattern_mismatch_is_said_in_words(api, field: dict, words: str) -> None:
+    client, team, _ = api
+    r = client.post("/api/v1/tasks", headers=team, json={"queue": "gpu", "command": ["x"], **field})
+    assert r.status_code == 422 and words in r.json()["detail"], r.text
+    assert "should match pattern" not in r.json()["detail"]
+
+
 @pytest.mark.parametrize("field", ["timeout_s", "cpus", "expected_runtime_s"])
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_nan_and_infinity_are_refused_as_not_finite(api, field: str, literal: str) -> None:
