@@ -294,6 +294,14 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
         (["logs", ""], "no task id given"),
         # The server's refusal was its regex: "body.env.1A.[key]: String should match pattern '^[A-Za-z_]...".
         (["enqueue", "-q", "gpu", "--env", "1A=x", "--", "true"], "'1A' is not a variable name (letters, digits"),
+        # An empty value (an unset shell variable) was read as "not given": with --image "" the
+        # task ran on the machine instead of in a container, --code "" and --git "" sent no code.
+        (["enqueue", "-q", "gpu", "--image", "", "--", "true"], "body.image: String should have at least 1 character"),
+        (["enqueue", "-q", "gpu", "--workdir", "", "--", "true"], "body.working_dir: String should have at least 1"),
+        (["enqueue", "-q", "gpu", "--code", "", "--", "true"], "--code is empty: give a directory"),
+        (["enqueue", "-q", "gpu", "--git", " ", "--", "true"], "--git is empty: give a repository URL"),
+        # A name the API's pattern refuses is said in words, not as the regex.
+        (["enqueue", "-q", "GPU", "--", "true"], "body.queue: 'GPU' is not a name: lowercase letters, digits"),
     ],
 )
 def test_user_mistakes_are_one_line(server: dict[str, str], args: list[str], needle: str) -> None:
