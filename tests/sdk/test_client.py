@@ -137,6 +137,19 @@ def test_one_state_is_a_state_not_its_letters(client: Client) -> None:
     assert queued.id not in [t.id for t in client.tasks(state="running")]
 
 
+def test_a_pasted_token_with_a_trailing_newline_works_and_a_broken_one_is_not_unreachable(
+    live_server: LiveServer, admin_token: str
+) -> None:
+    # Both were "cannot reach the server (LocalProtocolError): is `autoscaler up` running?".
+    with Client(live_server.url, admin_token + " \n") as c:
+        assert isinstance(c.tasks(), list)
+    with Client(live_server.url, "ast_sec\nret") as c, pytest.raises(SdkError) as caught:
+        c.tasks()
+    assert not isinstance(caught.value, ServerUnreachable)
+    assert "the token holds characters an HTTP header cannot carry" in caught.value.message
+    assert "sec" not in caught.value.message  # the token itself is never printed
+
+
 def test_an_invalid_field_is_rejected_naming_the_field(client: Client) -> None:
     with pytest.raises(Rejected) as caught:
         client.submit(["true"], queue="gpu", gpus=-1)
