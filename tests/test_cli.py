@@ -588,10 +588,18 @@ def test_port_in_use_says_which_and_how_to_choose_another(tmp_path: Path) -> Non
     assert "control plane at" not in r.stdout  # no URL announced for a server that cannot start
 
 
-def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
-    r = cli("server", "--home", str(tmp_path / "h"), "--port", "99999")
+@pytest.mark.parametrize(
+    "args,option,bound",
+    [
+        (["server", "--port", "99999"], "--port", "65535"),  # was an OverflowError traceback from bind()
+        # was "packs to more than -1 bytes: ... raise the limit"
+        (["enqueue", "-q", "gpu", "--code", ".", "--code-limit", "-1", "--", "true"], "--code-limit", "1"),
+    ],
+)
+def test_a_number_out_of_range_is_a_usage_error(tmp_path: Path, args: list[str], option: str, bound: str) -> None:
+    r = cli(args[0], "--home", str(tmp_path / "h"), *args[1:])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "Invalid value for '--port'" in r.stderr and "65535" in r.stderr
+    assert f"Invalid value for '{option}'" in r.stderr and bound in r.stderr
 
 
 def test_help_does_not_label_flags_bool() -> None:

@@ -36,6 +36,9 @@ app.add_typer(task_app, name="task")
 app.add_typer(token_app, name="token")
 
 
+DEFAULT_CODE_LIMIT = 512 * 1024 * 1024  # bytes of a packed --code directory
+
+
 def _parse_env(pairs: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
@@ -189,7 +192,9 @@ def enqueue(
     no_git: Annotated[
         bool, typer.Option("--no-git", help="With --code: pack the directory even in a checkout.")
     ] = False,
-    code_limit: Annotated[int, typer.Option(help="Largest packed --code directory, in bytes.")] = 512 * 1024 * 1024,
+    code_limit: Annotated[
+        int, typer.Option(min=1, help="Largest packed --code directory, in bytes.")
+    ] = DEFAULT_CODE_LIMIT,
     git: Annotated[str | None, typer.Option(help="A repository the worker clones into the task's directory.")] = None,
     ref: Annotated[str | None, typer.Option(help="With --git: the commit, branch or tag to check out.")] = None,
     setup: Annotated[
