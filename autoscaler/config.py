@@ -532,6 +532,19 @@ class Settings(BaseSettings):
     secret_key_file: str | None = None
 
 
+def read_environment() -> Settings:
+    """The `AUTOSCALER_*` overrides; a value of the wrong kind (`AUTOSCALER_PORT=abc`)
+    is a ConfigError naming the variable, not pydantic's traceback."""
+    try:
+        return Settings()
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{Settings.model_config['env_prefix']}{str(e['loc'][0]).upper()}={e.get('input')!r}: {e['msg']}"
+            for e in err.errors()
+        )
+        raise ConfigError(f"environment: {problems}") from None
+
+
 def _format_error(path: Path, err: ValidationError) -> str:
     lines = [f"{path}: invalid configuration"]
     for e in err.errors():
@@ -566,7 +579,7 @@ def parse_config(text: str, source: Path) -> AutoscalerConfig:
 
 def load_config(path: Path | None = None, settings: Settings | None = None) -> AutoscalerConfig:
     """Read and validate the config file, then apply environment overrides."""
-    settings = settings or Settings()
+    settings = settings or read_environment()
     path = path or settings.config
     if path is None:
         cfg = AutoscalerConfig()

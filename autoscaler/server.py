@@ -25,7 +25,9 @@ from typing import Any
 
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import select
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from autoscaler.admission.shapes import Catalog
 from autoscaler.api.app import create_app
@@ -96,6 +98,33 @@ def database_url(config: AutoscalerConfig, home: Path) -> str:
     return config.database_url or sqlite_url(home)
 
 
+def open_database(config: AutoscalerConfig, home: Path, revision: str = "head") -> Engine:
+    """The engine of the configured database, its schema migrated to `revision`. A URL
+    this service cannot use, or a database it cannot reach, is a ConfigError saying
+    which (password hidden) and what to check, not a driver's traceback."""
+    url = database_url(config, home)
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        shown = url.split("://", 1)[0] + "://..." if "://" in url else "(not a URL)"
+    try:
+        engine = make_engine(url)
+    except (ArgumentError, ImportError) as exc:
+        raise ConfigError(
+            f"database_url {shown}: this service cannot use it ({exc}); give sqlite:///PATH or "
+            "postgresql://USER@HOST/DB (database_url in autoscaler.yaml or AUTOSCALER_DATABASE_URL)"
+        ) from None
+    try:
+        upgrade(engine, revision)
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"cannot open the database at {shown}: {reason}; check that it runs and that database_url "
+            "(or AUTOSCALER_DATABASE_URL) is right"
+        ) from None
+    return engine
+
+
 def secret_key_path(config: AutoscalerConfig, home: Path) -> Path:
     """Where the key ring sealing task secret_env lives (relative paths: under HOME)."""
     path = Path(config.server.secret_key_file or DEFAULT_KEY_FILE).expanduser()
@@ -138,8 +167,7 @@ class Runtime:
 
 def build_runtime(config: AutoscalerConfig, home: Path, *, full_loop: bool) -> Runtime:
     home.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(database_url(config, home))
-    upgrade(engine)
+    engine = open_database(config, home)
     ctx = AppContext(
         config=config,
         sessions=session_factory(engine),
@@ -235,9 +263,9 @@ def app_from_env() -> Any:
     the admin token and runs housekeeping once for all of them; a worker process only
     answers requests.
     """
-    from autoscaler.config import Settings, load_config
+    from autoscaler.config import load_config, read_environment
 
-    settings = Settings()
+    settings = read_environment()
     config = load_config(settings.config, settings)
     engine = make_engine(database_url(config, settings.home))
     # The parent created the key file; a worker process only reads it.

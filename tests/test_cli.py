@@ -286,6 +286,22 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
         (["spend", "--team", "visoin"], "add it under teams: in autoscaler.yaml"),
         (["alerts", "--team", "nosuch"], "unknown team 'nosuch'"),
         (["token", "create", "--team", "nosuch"], "needs a known team"),
+        # NaN and infinity parse as floats but JSON cannot carry them: refused before sending.
+        (["enqueue", "-q", "gpu", "--timeout", "nan", "--", "true"], "timeout_s nan is not a finite number"),
+        (["enqueue", "-q", "gpu", "--cpus", "inf", "--", "true"], "cpus inf is not a finite number"),
+        # An empty id named the task list's URL: a pydantic traceback, or "404: Not Found".
+        (["task", "show", ""], "no task id given"),
+        (["logs", ""], "no task id given"),
+        # The server's refusal was its regex: "body.env.1A.[key]: String should match pattern '^[A-Za-z_]...".
+        (["enqueue", "-q", "gpu", "--env", "1A=x", "--", "true"], "'1A' is not a variable name (letters, digits"),
+        # An empty value (an unset shell variable) was read as "not given": with --image "" the
+        # task ran on the machine instead of in a container, --code "" and --git "" sent no code.
+        (["enqueue", "-q", "gpu", "--image", "", "--", "true"], "body.image: String should have at least 1 character"),
+        (["enqueue", "-q", "gpu", "--workdir", "", "--", "true"], "body.working_dir: String should have at least 1"),
+        (["enqueue", "-q", "gpu", "--code", "", "--", "true"], "--code is empty: give a directory"),
+        (["enqueue", "-q", "gpu", "--git", " ", "--", "true"], "--git is empty: give a repository URL"),
+        # A name the API's pattern refuses is said in words, not as the regex.
+        (["enqueue", "-q", "GPU", "--", "true"], "body.queue: 'GPU' is not a name: lowercase letters, digits"),
     ],
 )
 def test_user_mistakes_are_one_line(server: dict[str, str], args: list[str], needle: str) -> None:
@@ -302,6 +318,32 @@ def test_unreachable_server_and_bad_config(tmp_path: Path) -> None:
     bad.write_text("pools:\n  - {name: p, provider: fake, max_instance: 3}\n")
     r = cli("server", "--config", str(bad), "--home", str(tmp_path / "h"))
     assert r.returncode == 1 and "pools.0.max_instance" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "variable,value,needle",
+    [
+        # Each was a traceback: pydantic's, psycopg's, SQLAlchemy's (the password printed in it).
+        ("AUTOSCALER_PORT", "abc", "error: environment: AUTOSCALER_PORT='abc': Input should be a valid integer"),
+        (
+            "AUTOSCALER_DATABASE_URL",
+            "postgresql://u:sekrit@127.0.0.1:{port}/db",
+            "error: cannot open the database at postgresql://u:***@127.0.0.1:{port}/db: connection failed",
+        ),
+        ("AUTOSCALER_DATABASE_URL", "mysql://h/db", "error: database_url mysql://h/db: this service cannot use it"),
+        ("AUTOSCALER_DATABASE_URL", "nonsense", "error: database_url (not a URL): this service cannot use it"),
+    ],
+)
+def test_a_bad_environment_override_is_one_line_at_start(
+    tmp_path: Path, variable: str, value: str, needle: str
+) -> None:
+    port = str(free_port())
+    env = {variable: value.format(port=port)}
+    for command in (["server", "--port", str(free_port())], ["db", "upgrade"]):
+        r = cli(*command, "--home", str(tmp_path / "h"), env=env)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith(needle.format(port=port)), r.stderr
+        assert "sekrit" not in r.stderr + r.stdout
 
 
 def test_a_typo_in_pool_options_stops_startup_at_its_key_path(tmp_path: Path) -> None:
@@ -487,8 +529,8 @@ def test_markup_in_names_and_error_messages_is_printed_literally(
         assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
     r = cli("enqueue", "-q", "[red]nosuch[/]", "--", "true", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    # The server's message quotes a pattern with brackets: printed as sent, not eaten as markup.
-    assert "'^[a-z0-9][a-z0-9_.-]{0,62}$'" in r.stderr
+    # The server's message quotes the name, brackets and all: printed as sent, not eaten as markup.
+    assert "body.queue: '[red]nosuch[/]' is not a name" in r.stderr
     r = cli("enqueue", "-q", "cpu", "--env", "[/]", "--", "true", env=env)
     assert r.returncode == 1 and "--env '[/]' must look like KEY=VALUE" in r.stderr
 
@@ -506,6 +548,9 @@ def test_task_show_says_why_each_attempt_ended(finished_tasks: dict[str, str]) -
     assert "timeout after 0.5s" in show("timeout")
     exit3 = show("exit3")
     assert "end: exit 3" in exit3 and "exit_code" not in exit3
+    # The attempts table's figures as the cost line has them (a raw float printed 1.6014999999999998e-05).
+    (attempt_row,) = [ln for ln in exit3.splitlines() if re.match(r"│ 1 +│", ln)]
+    assert re.search(r"│ \d+\.\d{4} +│ \d+\.\d{4} +│$", attempt_row), attempt_row
     assert "exit 3" in cli("tasks", "--state", "failed", env=env).stdout
 
 
@@ -541,6 +586,20 @@ def test_port_in_use_says_which_and_how_to_choose_another(tmp_path: Path) -> Non
     assert r.returncode == 1 and "Traceback" not in r.stderr and "Errno" not in r.stderr + r.stdout
     assert f"port {port} on 127.0.0.1 is already in use" in r.stderr and "--port N" in r.stderr
     assert "control plane at" not in r.stdout  # no URL announced for a server that cannot start
+
+
+@pytest.mark.parametrize(
+    "args,option,bound",
+    [
+        (["server", "--port", "99999"], "--port", "65535"),  # was an OverflowError traceback from bind()
+        # was "packs to more than -1 bytes: ... raise the limit"
+        (["enqueue", "-q", "gpu", "--code", ".", "--code-limit", "-1", "--", "true"], "--code-limit", "1"),
+    ],
+)
+def test_a_number_out_of_range_is_a_usage_error(tmp_path: Path, args: list[str], option: str, bound: str) -> None:
+    r = cli(args[0], "--home", str(tmp_path / "h"), *args[1:])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"Invalid value for '{option}'" in r.stderr and bound in r.stderr
 
 
 def test_help_does_not_label_flags_bool() -> None:

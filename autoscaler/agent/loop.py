@@ -51,6 +51,10 @@ from autoscaler.agent.task_user import TaskUserError, decide
 from autoscaler.agent.wire import Commands, HeartbeatBody, RegisterBody, Registered
 
 log = logging.getLogger("autoscaler.agent")
+JOIN_TOKEN_REFUSED = (
+    "the join token is invalid or expired (one lasts 1 h unless made with --ttl): create one with "
+    "`autoscaler token create --join --pool POOL` and give it as AUTOSCALER_JOIN_TOKEN"
+)
 TICK_S = 0.05
 # An idle agent's lease polls are most of the server's load: after each empty lease
 # the next poll waits twice as long, up to this many lease intervals (2 s -> 4 s ->
@@ -277,9 +281,9 @@ class Agent:
             try:
                 return self.api.register(token, body)
             except ServerRefused as exc:
-                raise RegistrationRefused(
-                    f"the server at {self.s.server_url} refused registration: {exc.detail}"
-                ) from None
+                # The server's 401 speaks to CLI users (AUTOSCALER_TOKEN); an agent's token is a join token.
+                detail = JOIN_TOKEN_REFUSED if exc.status == 401 else exc.detail
+                raise RegistrationRefused(f"the server at {self.s.server_url} refused registration: {detail}") from None
             except ServerUnreachable as exc:
                 failures += 1
                 if self.clock() - first > self.t.register_timeout_s:

@@ -198,7 +198,7 @@ def resolve(
         # it from the bootstrap file) but its worker record in the state dir.
         raise AgentError(
             "no join token: pass --join-token, set AUTOSCALER_JOIN_TOKEN, or put join_token / "
-            "join_token_ref in the bootstrap file (create one with `autoscaler token create --kind join`)"
+            "join_token_ref in the bootstrap file (create one with `autoscaler token create --join --pool POOL`)"
         )
     if not str(server_url).startswith(("http://", "https://")):
         raise AgentError(f"server URL {server_url!r} must start with http:// or https://")

@@ -13,6 +13,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +44,7 @@ from autoscaler.api.routes import (
     workers,
 )
 from autoscaler.api.routes.artifacts import streams_body
+from autoscaler.api.schemas import PATTERN_WORDS
 from autoscaler.auth import security
 from autoscaler.errors import AutoscalerError
 from autoscaler.web import pages as dashboard
@@ -152,6 +154,15 @@ async def _send_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
+def _problem(error: Any) -> str:
+    """One validation error in words: a pattern the API defines is said as what it asks
+    for (`'Vision' is not a name: lowercase letters, ...`), not as its regex."""
+    words = PATTERN_WORDS.get(str((error.get("ctx") or {}).get("pattern")))
+    if error.get("type") == "string_pattern_mismatch" and words:
+        return f"{str(error.get('input'))[:64]!r} is not {words}"
+    return str(error.get("msg", "invalid"))
+
+
 def create_app(ctx: AppContext) -> FastAPI:
     ctx.lease_waiters.attach_probe(queued_probe(ctx.sessions))
 
@@ -183,7 +194,7 @@ def create_app(ctx: AppContext) -> FastAPI:
         problems = []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e.get("loc", ()))
-            problems.append(f"{loc}: {e.get('msg', 'invalid')}")
+            problems.append(f"{loc}: {_problem(e)}")
         return _error(422, "invalid request: " + "; ".join(problems[:10]))
 
     @app.exception_handler(StarletteHTTPException)

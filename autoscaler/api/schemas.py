@@ -10,22 +10,35 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from autoscaler.auth.sealing import mask
 
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+# What each pattern asks for, in words: a 422 for a mismatch says this instead of the regex.
+PATTERN_WORDS = {
+    NAME_PATTERN: "a name: lowercase letters, digits, '.', '_' and '-', starting with a letter or digit, "
+    "at most 63 characters",
+    ENV_KEY_PATTERN: "a variable name: letters, digits and '_', not starting with a digit",
+    DIGEST_PATTERN: "a digest: 'sha256:' and 64 lowercase hex digits",
+}
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Arg = Annotated[str, StringConstraints(max_length=8192)]
-EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvKey = Annotated[str, StringConstraints(pattern=ENV_KEY_PATTERN)]
 EnvValue = Annotated[str, StringConstraints(max_length=32768)]
 # Secret env as everyone but the leasing worker sees it: the names, each value `***`.
 # Masking is part of the type, so no response built from a task can carry a value.
 MaskedEnv = Annotated[dict[str, str], BeforeValidator(mask)]
 
 
-Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
 # A path inside the task's directory, as a task names its outputs and checkpoint dir.
 TaskPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity (which Python's JSON reader accepts) are refused as not finite,
+    # rather than compared against a bound and refused as "greater than" it.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Out(BaseModel):
@@ -85,7 +98,9 @@ class TaskIn(Body):
         description="Machines the task runs on at once, `gpus` on each: all ranks start together or none does "
         "(docs/gangs.md). 1: a single-node task.",
     )
-    gpu_type: Annotated[str, StringConstraints(max_length=64)] | None = None
+    # Empty strings are refused, not read as "not given": an unset shell variable
+    # (`--image "$IMAGE"`) must not quietly run the task on the machine instead.
+    gpu_type: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     cpus: float = Field(0, ge=0, le=1024)
     memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024)
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=256)
@@ -95,8 +110,8 @@ class TaskIn(Body):
         description="Like env, but sealed at rest and shown as *** everywhere except to the worker that leases "
         "the task. A name may not be in both env and secret_env.",
     )
-    working_dir: Annotated[str, StringConstraints(max_length=1024)] | None = None
-    image: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+    working_dir: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
         None,
         description="An OCI image (e.g. registry.example/team/train:1.2): the agent pulls it and runs the "
         "command in a container with the task's GPUs only. Null: the command runs on the machine itself.",
@@ -149,6 +164,14 @@ class TaskIn(Body):
         le=365 * 86400,
         description="How long the task runs, in seconds. Null: estimated from earlier runs of the same command.",
     )
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, command: list[str]) -> list[str]:
+        # An empty program name can never start: refused here, not failed on a worker.
+        if not command[0].strip():
+            raise ValueError("the program (the first word of the command) is empty; give e.g. ['python', 'train.py']")
+        return command
 
     @field_validator("retry_on_exit_codes")
     @classmethod

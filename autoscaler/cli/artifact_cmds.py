@@ -31,6 +31,9 @@ def carry_fields(
 ) -> dict[str, Any]:
     """The task's `code`: a directory packed and uploaded, or a git repository (from
     `--git`, or from the checkout `--code` is in: its origin, HEAD and uncommitted diff)."""
+    for option, value in (("--code", code), ("--git", git)):
+        if value is not None and not value.strip():  # an unset shell variable, most likely
+            raise InvalidInput(f"{option} is empty: give a {'directory' if option == '--code' else 'repository URL'}")
     if code and git:
         raise InvalidInput("give --code DIR or --git URL, not both")
     if ref and not git:

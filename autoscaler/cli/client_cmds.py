@@ -36,12 +36,19 @@ app.add_typer(task_app, name="task")
 app.add_typer(token_app, name="token")
 
 
+DEFAULT_CODE_LIMIT = 512 * 1024 * 1024  # bytes of a packed --code directory
+
+
 def _parse_env(pairs: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InvalidInput(f"--env {pair!r} must look like KEY=VALUE")
+        if not ENV_NAME.match(key):  # the server's pattern, said in words rather than as a regex
+            raise InvalidInput(
+                f"--env {pair!r}: {key!r} is not a variable name (letters, digits and _, not starting with a digit)"
+            )
         env[key] = value
     return env
 
@@ -185,7 +192,9 @@ def enqueue(
     no_git: Annotated[
         bool, typer.Option("--no-git", help="With --code: pack the directory even in a checkout.")
     ] = False,
-    code_limit: Annotated[int, typer.Option(help="Largest packed --code directory, in bytes.")] = 512 * 1024 * 1024,
+    code_limit: Annotated[
+        int, typer.Option(min=1, help="Largest packed --code directory, in bytes.")
+    ] = DEFAULT_CODE_LIMIT,
     git: Annotated[str | None, typer.Option(help="A repository the worker clones into the task's directory.")] = None,
     ref: Annotated[str | None, typer.Option(help="With --git: the commit, branch or tag to check out.")] = None,
     setup: Annotated[
@@ -287,6 +296,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _figure(value: Any) -> str:
+    """A cost or a GPU-hour count as `task show` prints it: 4 decimals (a float as
+    JSON carries it would print as 1.6014999999999998e-05)."""
+    return f"{float(value or 0.0):,.4f}"
+
+
 def runtime_line(task: dict[str, Any]) -> str:
     """What the task survives and how long it is expected to run, as the planner sees it."""
     checkpoints = task.get("checkpoints") or "none (a reclaim restarts it from zero)"
@@ -353,15 +368,16 @@ def task_show(
         "retries: "
         + (f"only exit codes {', '.join(str(c) for c in retry)}" if retry else "every non-zero exit and timeout")
     )
-    out.print(
-        f"cost: {float(task.get('cost_usd') or 0.0):,.4f} USD  gpu-hours: {float(task.get('gpu_hours') or 0.0):,.4f}"
-    )
+    out.print(f"cost: {_figure(task.get('cost_usd'))} USD  gpu-hours: {_figure(task.get('gpu_hours'))}")
     out.print(runtime_line(task))
     if gpu is not None:
         out.print(gpu_use_line(gpu))
     if task.get("attempt_costs"):
         print_table(
-            task["attempt_costs"],
+            [
+                {**a, "gpu_hours": _figure(a.get("gpu_hours")), "cost_usd": _figure(a.get("cost_usd"))}
+                for a in task["attempt_costs"]
+            ],
             ["attempt", "instance_id", "gpus", "started_at", "ended_at", "gpu_hours", "cost_usd"],
             title="attempts (cost as accrued by the last reconcile cycle)",
         )

@@ -8,6 +8,7 @@ a style tag (or a crash). Styling is asked for explicitly with `style=` or `Text
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -39,6 +40,14 @@ ServerOpt = Annotated[str | None, typer.Option("--server", help="API URL (env AU
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (env AUTOSCALER_TOKEN).")]
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Home dir (SQLite file, logs, admin token).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def finite(value: float | None) -> float | None:
+    """A typer callback for a number option: `nan` and `inf` parse as floats but no
+    option means them (an infinite rate or target would hang or crash the run)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def sdk_client(server: str | None, token: str | None, home: Path | None = None) -> Client:

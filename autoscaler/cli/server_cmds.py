@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from autoscaler.cli import app
-from autoscaler.config import AutoscalerConfig, Settings, load_config
+from autoscaler.config import AutoscalerConfig, load_config, read_environment
 from autoscaler.logging_setup import configure_logging
 
 # The server stack (FastAPI, SQLAlchemy, Alembic) is imported inside the commands that
@@ -26,7 +26,7 @@ EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.yaml"
 def _load(
     config: Path | None, home: Path | None, host: str | None, port: int | None, tls_upstream: bool
 ) -> tuple[AutoscalerConfig, Path]:
-    settings = Settings()
+    settings = read_environment()
     cfg = load_config(config, settings)
     server = cfg.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     if tls_upstream:
@@ -35,7 +35,7 @@ def _load(
 
 
 Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
-Port = Annotated[int | None, typer.Option("--port", help="Listen port (default 8080).")]
+Port = Annotated[int | None, typer.Option("--port", min=0, max=65535, help="Listen port (default 8080).")]
 Home = Annotated[Path | None, typer.Option("--home", help="Home dir: SQLite file, logs, admin token.")]
 TlsUpstream = Annotated[
     bool, typer.Option("--tls-terminated-upstream", help="Allow a non-loopback address: TLS ends in a proxy in front.")
@@ -66,7 +66,9 @@ def server(
     configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     check_workers(cfg, home_dir, workers)  # before migrating anything
-    serve(build_runtime(cfg, home_dir, full_loop=False), workers=workers, config_path=config or Settings().config)
+    serve(
+        build_runtime(cfg, home_dir, full_loop=False), workers=workers, config_path=config or read_environment().config
+    )
 
 
 @app.command()
@@ -81,7 +83,7 @@ def up(
     from autoscaler.server import build_runtime, serve
 
     configure_logging()  # JSON lines when AUTOSCALER_LOG_FORMAT=json
-    if config is None and Settings().config is None and EXAMPLE_CONFIG.exists():
+    if config is None and read_environment().config is None and EXAMPLE_CONFIG.exists():
         config = EXAMPLE_CONFIG
     cfg, home_dir = _load(config, home, host, port, tls_terminated_upstream)
     serve(build_runtime(cfg, home_dir, full_loop=True))
@@ -90,12 +92,11 @@ def up(
 @db_app.command("upgrade")
 def db_upgrade(config: ConfigOpt = None, home: Home = None, revision: str = "head") -> None:
     """Apply schema migrations (safe to run repeatedly)."""
-    from autoscaler.server import database_url
-    from autoscaler.state.db import make_engine, upgrade
+    from autoscaler.server import open_database
 
     cfg, home_dir = _load(config, home, None, None, False)
     home_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(make_engine(database_url(cfg, home_dir)), revision)
+    open_database(cfg, home_dir, revision)
     typer.echo(f"database at revision {revision}")
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoscaler.cli import app
-from autoscaler.cli.common import out
+from autoscaler.cli.common import finite, out
 from autoscaler.errors import InvalidInput
 
 
@@ -25,7 +25,9 @@ def simulate(
     policy: Annotated[
         Path | None, typer.Option("--policy", help="Policy directory (default: the shipped policies).")
     ] = None,
-    days: Annotated[float | None, typer.Option("--days", help="Keep the tasks arriving in the first D days.")] = None,
+    days: Annotated[
+        float | None, typer.Option("--days", callback=finite, help="Keep the tasks arriving in the first D days.")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for boot delays and spot reclaims.")] = 0,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.json, report.md and PNGs.")] = Path(
         "sim-out"
@@ -34,6 +36,7 @@ def simulate(
         float | None,
         typer.Option(
             "--preemption-rate",
+            callback=finite,
             min=0,
             help="Spot reclaims per instance-hour in every zone. Default: the default world's per-zone rates, or 0.24 with --config.",
         ),
@@ -42,6 +45,7 @@ def simulate(
         float | None,
         typer.Option(
             "--checkpoint-every",
+            callback=finite,
             min=0,
             help="Minutes between the tasks' own checkpoints; 0: they checkpoint only when told to stop (spot notice, drain). Default: a stopped task restarts from zero.",
         ),
@@ -50,6 +54,7 @@ def simulate(
         float,
         typer.Option(
             "--checkpoints-share",
+            callback=finite,
             help="What-if: this share (0-1) of tasks, drawn from the seed, checkpoints on the spot notice and says so at enqueue.",
         ),
     ] = 0.0,
@@ -64,6 +69,7 @@ def simulate(
         float | None,
         typer.Option(
             "--wait-target",
+            callback=finite,
             min=0.1,
             help="What-if: minutes of accumulated wait a task may spend (capacity.wait_target_s); spot that would pass it gives way to on-demand. Default: the config's (off).",
         ),
@@ -77,6 +83,12 @@ def simulate(
     from autoscaler.sim.runner import run_simulation
     from autoscaler.sim.workload import load_workload
 
+    try:  # before the run, which can take minutes: a report with nowhere to go is lost
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(
+            f"--out {out_dir}: cannot create it ({exc.strerror}); give a directory you can write"
+        ) from None
     if policy is not None and not (policy / "data").is_dir():
         raise InvalidInput(f"--policy {policy}: not a policy directory (expected *.rego files and data/)")
     wl = load_workload(workload, seed=seed).first_days(days)

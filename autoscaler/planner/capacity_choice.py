@@ -223,6 +223,8 @@ def choose(options: Iterable[Option], profile: TaskProfile, allowed: Collection[
     od = min((c for c in costed if c.option.capacity_type == ON_DEMAND), key=_rank_key, default=None)
     what = f"~{profile.runtime_h:.2g} h, checkpoints {profile.checkpointing}"
     if spot is None and od is None:
+        if not allowed:  # the policy's types and the pools' have none in common
+            return Choice(None, None, None, "no offering: the policy allows none of the capacity types the pools offer")
         return Choice(None, None, None, f"no offering of an allowed capacity type ({', '.join(sorted(allowed))})")
     if spot is None:
         assert od is not None

@@ -22,6 +22,7 @@ decision needs in order to be explained later.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -110,6 +111,35 @@ def _override(rel: str, where: str, value: Any) -> dict[str, Any]:
     return value
 
 
+# What a test file and a case may say. Anything else is refused: a misspelt `absent`
+# or `tolerance` would otherwise be dropped and the case pass without checking it.
+FILE_KEYS = ("cases", "data_dir", "data")
+CASE_KEYS = ("name", "input", "expect", "absent", "tolerance", "data")
+
+
+def _unknown_key(given: dict[str, Any], known: tuple[str, ...]) -> str | None:
+    """The first key of `given` not in `known`, said with the closest known one."""
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean `{close[0]}`?" if close else "the keys are " + ", ".join(f"`{k}`" for k in known)
+            return f"unknown key `{key}` ({hint})"
+    return None
+
+
+def _case_problem(item: Any, number: int) -> str | None:
+    """What is wrong with one case's shape, or None."""
+    if not isinstance(item, dict) or not isinstance(item.get("input"), dict) or "expect" not in item:
+        return f"case #{number} needs `name`, an `input` mapping and `expect`"
+    if unknown := _unknown_key(item, CASE_KEYS):
+        return f"case #{number}: {unknown}"
+    if not isinstance(item["expect"], dict):
+        return f"case #{number}: `expect` must be a mapping of decision keys to their values, not {item['expect']!r}"
+    if item.get("absent") is not None and not isinstance(item["absent"], list):
+        return f"case #{number}: `absent` must be a list of decision paths, e.g. [pools.aws-a100]"
+    return None
+
+
 def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[TestCase]:
     """The cases of `directory/tests/*.yaml`. A file may say `data_dir: <dir>` (data
     files, relative to the test file, that replace the bundle's of the same name) and
@@ -125,6 +155,8 @@ def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[Test
         if not isinstance(items, list):
             raise PolicyError("bad test file", [Problem(rel, 1, "expected a mapping with a `cases:` list")])
         assert isinstance(doc, dict)
+        if unknown := _unknown_key(doc, FILE_KEYS):
+            raise PolicyError("bad test file", [Problem(rel, 1, unknown)])
         file_data: dict[str, Any] | None = None
         if doc.get("data_dir") is not None:
             fixtures = (path.parent / str(doc["data_dir"])).resolve()
@@ -137,11 +169,8 @@ def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[Test
         if doc.get("data") is not None:
             file_data = merge_data(file_data or base, _override(rel, "the file", doc["data"]))
         for i, item in enumerate(items):
-            if not isinstance(item, dict) or not isinstance(item.get("input"), dict) or "expect" not in item:
-                raise PolicyError(
-                    "bad test case",
-                    [Problem(rel, None, f"case #{i + 1} needs `name`, an `input` mapping and `expect`")],
-                )
+            if problem := _case_problem(item, i + 1):
+                raise PolicyError("bad test case", [Problem(rel, None, problem)])
             tolerance = item.get("tolerance", 1e-6)
             if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
                 raise PolicyError(
@@ -163,7 +192,7 @@ def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[Test
                     name=str(item.get("name") or f"case {i + 1}"),
                     file=rel,
                     input=item["input"],
-                    expect=item["expect"] if isinstance(item["expect"], dict) else {},
+                    expect=item["expect"],
                     absent=tuple(str(a) for a in item.get("absent") or ()),
                     tolerance=float(tolerance),
                     data=case_data,

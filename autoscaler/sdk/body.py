@@ -136,4 +136,13 @@ def task_body(command: Sequence[str], *, queue: str, **options: Unpack[TaskOptio
     outputs = given.pop("outputs", None)
     given["outputs"] = None if outputs is None else list(outputs)
     body.update({k: v for k, v in given.items() if v is not None})
+    _check_finite(body)
     return body
+
+
+def _check_finite(body: Mapping[str, Any]) -> None:
+    """Refuse NaN and infinity before sending: JSON has no such numbers, so the body
+    could not be encoded at all (a traceback for the user instead of a refusal)."""
+    for name, value in body.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SdkError(f"{name} {value!r} is not a finite number; give a number such as 1 or 0.5")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -27,9 +28,10 @@ class Client:
         server: str | None = None,
         token: str | None = None,
         *,
-        home: Path | None = None,
+        home: str | os.PathLike[str] | None = None,
         timeout: float = 30.0,
     ) -> None:
+        home = None if home is None else Path(home)  # a script passes a string as often as a Path
         self.server = resolve_server(server, home)
         # The raw JSON layer: for endpoints the SDK has no method for (the CLI's admin views).
         self.api = Transport(self.server, resolve_token(token, home), timeout=timeout)
@@ -67,12 +69,14 @@ class Client:
         self,
         *,
         queue: str | None = None,
-        state: Sequence[str] | None = None,
+        state: str | Sequence[str] | None = None,
         team: str | None = None,
         limit: int = 100,
     ) -> list[TaskInfo]:
-        """Tasks, newest first (a team token sees its own team's only)."""
-        rows = self.api.get("/api/v1/tasks", queue=queue, state=list(state) if state else None, team=team, limit=limit)
+        """Tasks, newest first (a team token sees its own team's only); `state` is one
+        state or a list of them."""
+        states = [state] if isinstance(state, str) else list(state or [])  # not one state per character
+        rows = self.api.get("/api/v1/tasks", queue=queue, state=states or None, team=team, limit=limit)
         return [TaskInfo.parse(r) for r in rows]
 
     def upload_snapshot(self, archive: Path, *, team: str | None = None) -> Snapshot:

@@ -30,10 +30,12 @@ def resolve_server(server: str | None, home: Path | None = None) -> str:
 
 
 def resolve_token(token: str | None, home: Path | None = None) -> str | None:
-    if token:
-        return token
-    if os.environ.get("AUTOSCALER_TOKEN"):
-        return os.environ["AUTOSCALER_TOKEN"]
+    # A token never holds whitespace: a pasted one often ends in a space or newline,
+    # which no HTTP header may carry.
+    if token and token.strip():
+        return token.strip()
+    if os.environ.get("AUTOSCALER_TOKEN", "").strip():
+        return os.environ["AUTOSCALER_TOKEN"].strip()
     token_file = (home or default_home()) / "admin.token"
     if token_file.exists():
         return token_file.read_text().strip()

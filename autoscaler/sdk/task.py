@@ -3,6 +3,7 @@ is cached, so each call shows the task as the server sees it now."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,9 @@ DOWNLOAD_CHUNK = 1 << 20
 
 class Task:
     def __init__(self, api: Transport, task_id: str, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        if not task_id:
+            # An empty id would name the task list's URL, whose reply is no task.
+            raise SdkError("no task id given: pass the id `autoscaler enqueue` printed (`autoscaler tasks` lists them)")
         self._api = api
         self.id = task_id
         # Quoted: an id is the user's text (a control character must reach the server
@@ -108,9 +112,10 @@ class Task:
             raise missing_feature(exc, "artifact store", f"GET {endpoint}", self._api.server) from None
         return [Artifact.parse(r) for r in rows]
 
-    def download(self, name: str, dest: Path) -> Path:
+    def download(self, name: str, dest: str | os.PathLike[str]) -> Path:
         """Download one artifact into directory `dest` (made if missing); returns the
         file's path. The name is the artifact's; a name that would leave `dest` is refused."""
+        dest = Path(dest)
         target = (dest / name).resolve()
         if dest.resolve() not in target.parents:
             raise SdkError(f"artifact name {name!r} would be written outside {dest}; refusing")

@@ -47,6 +47,11 @@ class Transport:
             response = self._http.request(method, path, **kwargs)
         except httpx.InvalidURL as exc:  # not an HTTPError: a path built from bad user text
             raise SdkError(f"cannot send {method} {path!r}: {exc}; check the id or name given") from None
+        except httpx.LocalProtocolError:  # nothing was sent: a header HTTP cannot carry (never quoted: the token)
+            raise SdkError(
+                f"cannot send {method} {path!r}: the token holds characters an HTTP header cannot carry "
+                "(a newline or control character?); check --token or AUTOSCALER_TOKEN"
+            ) from None
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
         self._check(response)

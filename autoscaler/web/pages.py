@@ -199,6 +199,8 @@ def task_list(
         if viewer is None:
             return _to_login(request)
         scope = _team_of(viewer)
+        if scope is None and team:
+            ctx.config.check_team(team)  # as the API and CLI do: a typo is said, not an empty list
         rows = views.tasks(s, scope, queue=queue, state=state, team_filter=team, limit=n)
         return render(
             "tasks.html",

@@ -50,6 +50,16 @@ def test_a_join_token_cannot_register_a_second_instance(harness: AgentHarness) -
     assert first.wait() == 0
 
 
+def test_an_unknown_join_token_is_refused_saying_how_to_make_one(harness: AgentHarness) -> None:
+    # The server's 401 told the agent's operator to check AUTOSCALER_TOKEN (the CLI's variable).
+    agent = harness.start_agent(instance_id="i-bogus", token="asj_not-a-token")
+    assert agent.wait() == 1
+    log = agent.log()
+    assert "refused registration: the join token is invalid or expired" in log, log
+    assert "`autoscaler token create --join --pool POOL`" in log and "AUTOSCALER_TOKEN" not in log
+    assert "Traceback" not in log
+
+
 def test_cancel_sends_sigterm_then_sigkill_after_the_grace(harness: AgentHarness) -> None:
     stubborn = harness.enqueue(
         py(

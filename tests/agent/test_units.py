@@ -85,7 +85,9 @@ def test_flags_win_over_env_which_wins_over_the_bootstrap_file(tmp_path: Path) -
         ("[1]", "must hold a JSON object"),
         ({"server_url": "http://x", "pool": "p", "provider": "moon"}, "provider: Input should be"),
         ({"server_url": "http://x", "pool": "p", "simulated_gpus": {"count": -1}}, "simulated_gpus.count"),
-        ({"server_url": "http://x", "pool": "p"}, "no join token"),
+        # The hint named `token create --kind join`, an option the CLI does not have.
+        ({"server_url": "http://x", "pool": "p"}, "no join token: pass --join-token"),
+        ({"server_url": "http://x", "pool": "p"}, "(create one with `autoscaler token create --join --pool POOL`)"),
         ({"pool": "p", "join_token": "asj_x"}, "missing --server"),
         ({"server_url": "ftp://x", "pool": "p", "join_token": "asj_x"}, "must start with http"),
     ],

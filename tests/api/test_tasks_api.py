@@ -30,6 +30,44 @@ def test_validation_errors_name_the_field(api) -> None:
     assert r.status_code == 422
 
 
+@pytest.mark.parametrize(
+    "field,words",
+    [
+        # Each said "String should match pattern '^[a-z0-9][a-z0-9_.-]{0,62}$'" (or its like).
+        ({"queue": "GPU"}, "body.queue: 'GPU' is not a name: lowercase letters, digits, '.', '_' and '-'"),
+        ({"team": "vïsion"}, "body.team: 'vïsion' is not a name: lowercase letters"),
+        ({"env": {"1A": "x"}}, "body.env.1A.[key]: '1A' is not a variable name: letters, digits and '_'"),
+        ({"code": {"snapshot": "abc"}}, "body.code.snapshot: 'abc' is not a digest: 'sha256:' and 64"),
+    ],
+)
+def test_a_pattern_mismatch_is_said_in_words(api, field: dict, words: str) -> None:
+    client, team, _ = api
+    r = client.post("/api/v1/tasks", headers=team, json={"queue": "gpu", "command": ["x"], **field})
+    assert r.status_code == 422 and words in r.json()["detail"], r.text
+    assert "should match pattern" not in r.json()["detail"]
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "cpus", "expected_runtime_s"])
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_refused_as_not_finite(api, field: str, literal: str) -> None:
+    # Python's JSON reader takes these literals; each used to be refused as "less than
+    # or equal to" the field's bound, which says nothing about what was wrong.
+    client, team, _ = api
+    body = f'{{"queue": "gpu", "command": ["x"], "{field}": {literal}}}'
+    r = client.post("/api/v1/tasks", headers={**team, "content-type": "application/json"}, content=body)
+    assert r.status_code == 422, r.text
+    assert f"body.{field}: Input should be a finite number" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("program", ["", "  "])
+def test_an_empty_program_is_refused_at_enqueue(api, program: str) -> None:
+    # It was queued, leased and then failed on the worker (start_failed).
+    client, team, _ = api
+    r = client.post("/api/v1/tasks", headers=team, json={"queue": "gpu", "command": [program, "x"]})
+    assert r.status_code == 422, r.text
+    assert "body.command: Value error, the program (the first word of the command) is empty" in r.json()["detail"]
+
+
 def test_oversized_and_deep_bodies_are_refused(api) -> None:
     client, team, _ = api
     big = {"queue": "gpu", "command": ["x" * 8000] * 300}

@@ -220,3 +220,12 @@ def test_the_choice_never_leaves_the_allowed_capacity_types(
     chosen = c.chosen
     assert chosen is not None and chosen.option.capacity_type in allowed
     assert chosen.option in options
+
+
+def test_no_allowed_type_at_all_says_so_rather_than_listing_nothing() -> None:
+    # A spot-only team in a queue of on-demand pools: `task why` printed
+    # "no offering of an allowed capacity type ()".
+    c = choose([OD], TaskProfile(1.0), set(), boot_h=0.0)
+    assert c.capacity_type is None
+    assert c.reason == "no offering: the policy allows none of the capacity types the pools offer"
+    assert choose([OD], TaskProfile(1.0), {SPOT}, boot_h=0.0).reason == "no offering of an allowed capacity type (spot)"

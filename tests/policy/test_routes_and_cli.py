@@ -81,6 +81,28 @@ def test_cli_test_prints_the_failing_case_and_exits_non_zero(tmp_path):
     assert "decision.teams.research.drain: expected True, got False" in r.output
 
 
+CASE = '{name: mine, input: {now: "2026-03-16T00:00:00Z"}, expect: {teams: {}}'
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        # Each of these used to be dropped in silence, and the case passed without checking it.
+        ("cases: [" + CASE + ", absnt: [pools.aws-a100]}]", "case #1: unknown key `absnt` (did you mean `absent`?)"),
+        ("cases: [" + CASE + ", tolerence: 0.01}]", "case #1: unknown key `tolerence` (did you mean `tolerance`?)"),
+        ("dat: {budgets: {}}\ncases: [" + CASE + "}]", "tests/mine.yaml:1: unknown key `dat` (did you mean `data`?)"),
+        ('cases: [{name: mine, input: {now: "2026-03-16T00:00:00Z"}, expect: true}]', "`expect` must be a mapping"),
+        ("cases: [" + CASE + ", absent: pools.aws-a100}]", "`absent` must be a list of decision paths"),
+    ],
+)
+def test_cli_test_refuses_a_case_it_would_not_check(tmp_path, text, needle):
+    directory = copy_policies(tmp_path)
+    (directory / "tests" / "mine.yaml").write_text(text + "\n")
+    r = runner.invoke(app, ["policy", "test", str(directory)])
+    assert r.exit_code != 0 and "PASS tests/mine.yaml" not in r.output
+    assert needle in r.output + str(r.exception), r.output
+
+
 def test_cli_check_reports_file_and_line(tmp_path):
     directory = copy_policies(tmp_path)
     write_module(directory, "extra.rego", "package autoscaler.extra\n\nimport rego.v1\n\nx := 1 { input.now }\n")

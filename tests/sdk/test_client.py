@@ -3,6 +3,7 @@ returns, and that every refusal is a typed error carrying the server's own messa
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -86,6 +87,10 @@ def test_submit_takes_checkpoints_and_the_expected_run_time_like_the_cli(client:
         ({"expected_runtime": -3}, "is not a duration"),
         ({"expected_runtime": "1h", "expected_runtime_s": 3600}, "not both"),
         ({"checkpoint": "on-signal"}, "unknown task option 'checkpoint': the options are"),
+        # JSON has no NaN or infinity: these were a ValueError from the encoder, not a refusal.
+        ({"timeout_s": math.nan}, "timeout_s nan is not a finite number"),
+        ({"cpus": math.inf}, "cpus inf is not a finite number"),
+        ({"expected_runtime_s": -math.inf}, "expected_runtime_s -inf is not a finite number"),
     ],
 )
 def test_a_bad_option_is_refused_before_any_request_saying_what_to_do(options: dict, words: str) -> None:
@@ -118,6 +123,31 @@ def test_an_unknown_task_is_not_found_with_the_servers_message(client: Client) -
         client.task("t-missing").info()
     assert caught.value.status == 404 and caught.value.detail == "task t-missing not found"
     assert caught.value.message == "404: task t-missing not found"  # what the CLI prints
+
+
+def test_an_empty_task_id_is_refused_before_any_request() -> None:
+    # It named the task list's URL: the list's reply failed to parse as a task (a pydantic traceback).
+    with Client("http://127.0.0.1:9", "x") as c, pytest.raises(SdkError, match="no task id given"):
+        c.task("")
+
+
+def test_one_state_is_a_state_not_its_letters(client: Client) -> None:
+    queued = client.submit(["true"], queue="gpu", gpus=1, team="vision")  # no agent: stays queued
+    assert queued.id in [t.id for t in client.tasks(state="queued")]
+    assert queued.id not in [t.id for t in client.tasks(state="running")]
+
+
+def test_a_pasted_token_with_a_trailing_newline_works_and_a_broken_one_is_not_unreachable(
+    live_server: LiveServer, admin_token: str
+) -> None:
+    # Both were "cannot reach the server (LocalProtocolError): is `autoscaler up` running?".
+    with Client(live_server.url, admin_token + " \n") as c:
+        assert isinstance(c.tasks(), list)
+    with Client(live_server.url, "ast_sec\nret") as c, pytest.raises(SdkError) as caught:
+        c.tasks()
+    assert not isinstance(caught.value, ServerUnreachable)
+    assert "the token holds characters an HTTP header cannot carry" in caught.value.message
+    assert "sec" not in caught.value.message  # the token itself is never printed
 
 
 def test_an_invalid_field_is_rejected_naming_the_field(client: Client) -> None:
@@ -177,6 +207,9 @@ def test_server_and_token_come_from_the_environment_then_the_home_files(
         assert c.server == live_server.url and c.tasks() == []
     with Client(token="wrong") as c, pytest.raises(AuthError):  # an argument wins over the file
         c.tasks()
+    monkeypatch.delenv("AUTOSCALER_HOME")
+    with Client(home=str(tmp_path)) as c:  # a string, as a script writes it (was a TypeError)
+        assert c.server == live_server.url and c.tasks() == []
 
 
 # What FastAPI answers for a path it has no route for, on a server that predates the stores.
@@ -223,6 +256,8 @@ def test_a_404_from_a_route_stays_not_found(client: Client) -> None:
 def test_an_artifact_name_that_leaves_the_directory_is_refused(client: Client, tmp_path: Path) -> None:
     with pytest.raises(SdkError, match="outside"):
         client.task("t-any").download("../../etc/passwd", tmp_path / "out")
+    with pytest.raises(SdkError, match="outside"):  # a string directory too (was a TypeError)
+        client.task("t-any").download("../../etc/passwd", str(tmp_path / "out"))
     assert not (tmp_path / "etc").exists()
 
 

@@ -146,3 +146,34 @@ def test_a_wide_job_is_one_gang_with_all_its_gpus() -> None:
         gang_of("a", "t", 0.0, 60.0, 16, machine_gpus=4).nodes,
         gang_of("a", "t", 0.0, 60.0, 16, machine_gpus=4).gpus,
     ) == (4, 4)
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_out_dir_that_cannot_be_made_is_said_before_the_run(tmp_path: Path) -> None:
+    # It used to be a traceback after the whole run, its report lost.
+    (tmp_path / "a-file").write_text("")
+    proc = _simulate("--out", str(tmp_path / "a-file" / "out"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"error: --out {tmp_path / 'a-file' / 'out'}: cannot create it (Not a directory); give a directory you can write"
+    )
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    # inf: --preemption-rate hung the run, --wait-target crashed it (OverflowError); nan --days said "no tasks".
+    [("--preemption-rate", "inf"), ("--wait-target", "inf"), ("--days", "nan"), ("--checkpoint-every", "inf")],
+)
+def test_non_finite_numbers_are_refused_before_the_run(tmp_path: Path, option: str, value: str) -> None:
+    proc = _simulate("--out", str(tmp_path), option, value)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"Invalid value for '{option}'" in proc.stderr and f"{value} is not a finite number" in proc.stderr

@@ -41,6 +41,13 @@ def test_login_errors_and_redirects(live_server: LiveServer, admin_token: str) -
     http = _session(url, admin_token)
     assert http.get("/tasks?state=bogus").status_code == 422
     assert "unknown state &#39;bogus&#39;" in http.get("/tasks?state=bogus").text
+    # An admin's team filter names a team of this deployment, as in the API and CLI (it showed an empty list).
+    unknown_team = http.get("/tasks?team=visoin")
+    assert (
+        unknown_team.status_code == 422
+        and "unknown team &#39;visoin&#39; (known: default, vision, nlp)" in unknown_team.text
+    )
+    assert http.get("/tasks?team=vision").status_code == 200
     assert http.get("/decisions?limit=0").status_code == 422
     assert http.get("/charts?hours=x").status_code == 422
     assert http.get("/tasks/" + "z" * 300).status_code == 404
