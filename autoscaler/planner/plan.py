@@ -12,9 +12,9 @@ The order of the steps is the design:
    the shortage lands where the policy says it should. Each team's demand is packed
    first-fit-decreasing into instance shapes picked by the pool's capacity-type order
    (spot first) and then by lowest cost per *useful* GPU. A new machine comes from
-   the first pool in rank order, unless that pool's best machine would leave GPUs
-   the team's queued work cannot fill and a later pool's machine of the same
-   capacity type costs the task less per GPU it uses (right-sizing).
+   the first pool in rank order, unless that pool's best machine is larger than the
+   task and a later pool's machine of the same capacity type costs the task less per
+   GPU it uses, or as little on a smaller machine (right-sizing).
 4. **Scale down**: idle workers that step 2 did not need, past their pool's idle
    timeout, are drained (idle-only, so a worker that just leased a task is spared);
    a team over its hard budget has all its capacity drained.
@@ -1020,12 +1020,17 @@ class _Packer:
                 continue
             if picked is None:
                 picked = (pool, offering, why, score, spare)
-                if not spare:
-                    break  # right-sized: the pool order decides
-            elif offering.capacity_type == picked[1].capacity_type and score < picked[3] - 1e-9:
-                # Right-sizing: the first pool's machine would leave GPUs the team's
-                # queued work cannot fill (a 4-GPU machine for one 2-GPU task), and this
-                # later pool's machine costs the task less per GPU it uses.
+                if offering.gpus <= u.gpus:
+                    break  # the task's own size: the pool order decides
+            elif offering.capacity_type == picked[1].capacity_type and (
+                score < picked[3] - 1e-9 or (score <= picked[3] + 1e-9 and offering.gpus < picked[1].gpus)
+            ):
+                # Right-sizing: the first pool's machine is larger than the task. A later
+                # pool's machine of the same capacity type goes instead when it costs the
+                # task less per GPU it uses (the first would leave GPUs the team's queued
+                # work cannot fill: a 4-GPU machine for one 2-GPU task), or as little on
+                # a smaller machine: a machine shared by several tasks is held until the
+                # longest of them ends, and run times are not known in advance.
                 picked = (pool, offering, why, score, spare)
         if picked is not None:
             pool, offering, why = picked[0], picked[1], picked[2]

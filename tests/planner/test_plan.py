@@ -307,9 +307,14 @@ def test_a_machine_the_work_cannot_fill_gives_way_to_a_later_pool_that_fits_it()
     # One 2-GPU task: on aws it uses 2 of 4 GPUs, 12.24 / 2 = 6.12 USD per GPU-hour;
     # on azure 6.12 / 2 = 3.06. The later pool wins.
     assert launched(demand(gpus=2)) == [("azure", "NC12s")]
-    # Two 2-GPU tasks fill the 4-GPU machine (3.06 per GPU-hour on either): the
-    # policy's order decides, one machine for both.
-    assert launched(demand(gpus=2, count=2)) == [("aws", "p3.8xlarge")]
+    # Two 2-GPU tasks would fill the 4-GPU machine, 3.06 per GPU-hour as on azure:
+    # at equal cost the machine of the task's own size goes (one 4-GPU machine would
+    # be held until the longer of the two ends), one per task.
+    assert launched(demand(gpus=2, count=2)) == [("azure", "NC12s"), ("azure", "NC12s")]
+    # ...but a 4-GPU machine cheaper per GPU (11.0 / 4 = 2.75) keeps them together.
+    cheap = pool("aws", offerings=(offering("p3.8xlarge", "on_demand", gpus=4, price=11.0),))
+    p = plan(make_input(pools=(cheap, azure), queues=queues, demand=(demand(gpus=2, count=2),), decision=order))
+    assert [(x.pool, x.offering.instance_type) for x in p.launches] == [("aws", "p3.8xlarge")]
     # A 4-GPU task fits aws's machine exactly: the order decides again.
     assert launched(demand(gpus=4)) == [("aws", "p3.8xlarge")]
     # Only a capacity type the first pool's pick has: azure's spot is not compared
