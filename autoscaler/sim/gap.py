@@ -263,18 +263,22 @@ def _read(sessions: sessionmaker[Session], start: datetime, end_s: float) -> _Re
                 s_of(i.terminated_at),
                 drains.get(i.id),
             )
+        on_worker = {w: i for i, w in s.execute(select(Instance.id, Instance.worker_id)) if w is not None}
+        reserved: list[Hold] = []
+        # A gang rank's attempt opens at its reservation: the reserved stretch is the
+        # reservation's (`gang_reserved`), the attempt's own time starts after it.
+        reserved_until: dict[tuple[str, int, str], float] = {}
+        for r in s.scalars(select(TaskRank)):
+            iid = on_worker.get(r.worker_id)
+            if iid is not None and iid in machines:
+                hold = Hold(iid, len(r.gpu_indices or []), s_of(r.reserved_at), s_of(r.started_at or r.ended_at))
+                reserved.append(hold)
+                reserved_until[(r.task_id, r.attempt, iid)] = hold.end_s
         attempts: dict[str, dict[int, list[Hold]]] = defaultdict(lambda: defaultdict(list))
         for a in s.scalars(select(TaskAttempt).where(TaskAttempt.instance_id.is_not(None))):
             if a.instance_id in machines:
-                hold = Hold(a.instance_id, a.gpus, s_of(a.started_at), s_of(a.ended_at))
-                attempts[a.task_id][a.attempt].append(hold)
-        on_worker = {w: i for i, w in s.execute(select(Instance.id, Instance.worker_id)) if w is not None}
-        reserved = [
-            Hold(
-                on_worker[r.worker_id], len(r.gpu_indices or []), s_of(r.reserved_at), s_of(r.started_at or r.ended_at)
-            )
-            for r in s.scalars(select(TaskRank))
-            if r.worker_id in on_worker and on_worker[r.worker_id] in machines
-        ]
+                begin, end_at = s_of(a.started_at), s_of(a.ended_at)
+                begin = min(max(begin, reserved_until.get((a.task_id, a.attempt, a.instance_id), begin)), end_at)
+                attempts[a.task_id][a.attempt].append(Hold(a.instance_id, a.gpus, begin, end_at))
         tasks = {t.id: (str(t.command[-1]), t.state, t.attempts) for t in s.scalars(select(Task))}
     return machines, attempts, reserved, tasks
