@@ -269,11 +269,11 @@ def _read(sessions: sessionmaker[Session], start: datetime, end_s: float) -> _Re
         # reservation's (`gang_reserved`), the attempt's own time starts after it.
         reserved_until: dict[tuple[str, int, str], float] = {}
         for r in s.scalars(select(TaskRank)):
-            iid = on_worker.get(r.worker_id)
-            if iid is not None and iid in machines:
-                hold = Hold(iid, len(r.gpu_indices or []), s_of(r.reserved_at), s_of(r.started_at or r.ended_at))
+            on = on_worker.get(r.worker_id)
+            if on is not None and on in machines:
+                hold = Hold(on, len(r.gpu_indices or []), s_of(r.reserved_at), s_of(r.started_at or r.ended_at))
                 reserved.append(hold)
-                reserved_until[(r.task_id, r.attempt, iid)] = hold.end_s
+                reserved_until[(r.task_id, r.attempt, on)] = hold.end_s
         attempts: dict[str, dict[int, list[Hold]]] = defaultdict(lambda: defaultdict(list))
         for a in s.scalars(select(TaskAttempt).where(TaskAttempt.instance_id.is_not(None))):
             if a.instance_id in machines:
