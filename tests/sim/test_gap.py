@@ -84,6 +84,9 @@ def test_a_reclaimed_task_on_the_real_loop(tmp_path: Path) -> None:
     # The rest is the on-demand machine kept warm past the task, then drained.
     assert p["idle_warm"] > 0
     assert p["unfinished"] == p["useful_same_type"] == p["idle_partial"] == 0.0
+    md = report.markdown(rep)
+    assert f"## Gap to the reclaim-aware bound (ours): {g['gap_usd']:,.2f} USD" in md
+    assert f"| lost_beyond_expected | {p['lost_beyond_expected']:,.2f} |" in md
 
 
 def test_the_bound_splits_into_run_time_and_expected_restarts() -> None:
