@@ -11,7 +11,10 @@ The order of the steps is the design:
    by weighted dominant share, so when a pool max or a budget makes capacity short
    the shortage lands where the policy says it should. Each team's demand is packed
    first-fit-decreasing into instance shapes picked by the pool's capacity-type order
-   (spot first) and then by lowest cost per *useful* GPU.
+   (spot first) and then by lowest cost per *useful* GPU. A new machine comes from
+   the first pool in rank order, unless that pool's best machine is larger than the
+   task and a later pool's machine of the same capacity type costs the task less per
+   GPU it uses, or as little on a smaller machine (right-sizing).
 4. **Scale down**: idle workers that step 2 did not need, past their pool's idle
    timeout, are drained (idle-only, so a worker that just leased a task is spared);
    a team over its hard budget has all its capacity drained.
@@ -406,6 +409,9 @@ class _Candidates:
     blocked: int
     type_denied: int
     choice: str = ""  # the capacity choice's words, when it ranked them
+    # Per ranked offering: the task's expected cost there (the capacity choice's), or
+    # its price per useful GPU without a capacity model; comparable across pools.
+    scores: tuple[float, ...] = ()
 
 
 class _OfferingChooser:
@@ -482,12 +488,24 @@ class _OfferingChooser:
         if self._capacity is not None and ranked:
             ranked, choice = _by_expected_cost(ranked, unit, useful_cap, self._capacity, td, pool)
         ranked.sort(key=lambda r: (r[0], r[1]))
-        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied, choice)
+        # Both orderings put the comparable cost at a fixed place of the key: the
+        # capacity choice's expected cost (4th), or the price per useful GPU (3rd).
+        at = 3 if self._capacity is not None else 2
+        scores = tuple(float(k[at]) for k, _, _ in ranked)
+        return _Candidates(tuple(o for _, _, o in ranked), shape_ok, blocked, type_denied, choice, scores)
 
     def choose(
         self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
     ) -> tuple[OfferingView | None, str]:
         """The offering to launch for `unit`, or None and why not."""
+        offering, why, _, _ = self.choose_scored(pool, unit, td, want_gpus, headroom)
+        return offering, why
+
+    def choose_scored(
+        self, pool: PoolView, unit: _Unit, td: TeamDecision, want_gpus: int, headroom: float
+    ) -> tuple[OfferingView | None, str, float, int]:
+        """`choose`, with the pick's cost score (`_Candidates.scores`; inf for none) and
+        its spare GPUs: those beyond what the team's queued work would fill."""
         # Useful GPUs are min(offering GPUs, the team's queued GPUs in this queue, at
         # least this task's). Past the pool's largest machine the wish changes nothing,
         # so it is capped there to keep the memo small; CPU work ignores it.
@@ -514,9 +532,9 @@ class _OfferingChooser:
         cands = self._memo.get(memo_key)
         if cands is None:
             cands = self._memo[memo_key] = self._candidates(pool, unit, td, useful_cap)
-        for o in cands.ranked:
+        for o, score in zip(cands.ranked, cands.scores, strict=True):
             if o.hourly_price <= headroom + 1e-9:
-                return o, cands.choice
+                return o, cands.choice, score, max(o.gpus - useful_cap, 0) if unit.gpus > 0 else 0
         shape = "a CPU-only machine"
         if unit.gpus:
             shape = f"{unit.gpus} GPU(s)" + (f" of type {unit.gpu_type}" if unit.gpu_type else "")
@@ -525,17 +543,20 @@ class _OfferingChooser:
         if unit.memory_mb:
             shape += f", {unit.memory_mb} MB of memory"
         if cands.shape_ok == 0:
-            return None, f"pool {pool.name} has no instance type with {shape}"
+            return None, f"pool {pool.name} has no instance type with {shape}", INF, 0
         if cands.ranked:
             left = "no" if headroom <= 0 else f"{headroom:.2f} USD/h"
             cheapest_over = min(o.hourly_price for o in cands.ranked)
-            return None, (
+            return (
+                None,
                 f"spend headroom: {left} left for team {unit.team}, cheapest fit in {pool.name} "
-                f"costs {cheapest_over:.2f} USD/h"
+                f"costs {cheapest_over:.2f} USD/h",
+                INF,
+                0,
             )
         if cands.blocked and not cands.type_denied:
-            return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors"
-        return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)"
+            return None, f"pool {pool.name}: every offering with {shape} is unavailable after capacity errors", INF, 0
+        return None, f"pool {pool.name}: the policy allows no offering with {shape} (capacity type, spot cap)", INF, 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -977,6 +998,7 @@ class _Packer:
             return None
         reasons: list[str] = []
         max_eff = self.bounds.max_eff
+        picked: tuple[PoolView, OfferingView, str, float, int] | None = None
         for pool in sc.ranked.get(u.queue, ()):
             if pool.static:
                 reasons.append(f"static pool {pool.name} is full")
@@ -990,10 +1012,28 @@ class _Packer:
             if self.count[pool.name] >= max_eff[pool.name]:
                 reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
                 continue
-            offering, why = self.chooser.choose(pool, u, td, self.want[u.team_queue], self.book.headroom[u.team])
+            offering, why, score, spare = self.chooser.choose_scored(
+                pool, u, td, self.want[u.team_queue], self.book.headroom[u.team]
+            )
             if offering is None:
                 reasons.append(why)
                 continue
+            if picked is None:
+                picked = (pool, offering, why, score, spare)
+                if offering.gpus <= u.gpus:
+                    break  # the task's own size: the pool order decides
+            elif offering.capacity_type == picked[1].capacity_type and (
+                score < picked[3] - 1e-9 or (score <= picked[3] + 1e-9 and offering.gpus < picked[1].gpus)
+            ):
+                # Right-sizing: the first pool's machine is larger than the task. A later
+                # pool's machine of the same capacity type goes instead when it costs the
+                # task less per GPU it uses (the first would leave GPUs the team's queued
+                # work cannot fill: a 4-GPU machine for one 2-GPU task), or as little on
+                # a smaller machine: a machine shared by several tasks is held until the
+                # longest of them ends, and run times are not known in advance.
+                picked = (pool, offering, why, score, spare)
+        if picked is not None:
+            pool, offering, why = picked[0], picked[1], picked[2]
             b = _Bin(
                 u.team,
                 pool.name,

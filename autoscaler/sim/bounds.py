@@ -61,10 +61,19 @@ def task_bound(
     task: TraceTask, offers: Iterable[Offering], settings: SimSettings, *, checkpoints: bool
 ) -> tuple[float, str]:
     """(least expected USD, how: 'on_demand' | 'spot_restart' | 'spot_checkpoint')."""
+    usd, how, _, _ = task_bound_parts(task, offers, settings, checkpoints=checkpoints)
+    return usd, how
+
+
+def task_bound_parts(
+    task: TraceTask, offers: Iterable[Offering], settings: SimSettings, *, checkpoints: bool
+) -> tuple[float, str, float, float]:
+    """`task_bound`, and its USD split into the run time at the chosen price (useful
+    work) and the rest (expected restarts on spot, or boots for a checkpointing task)."""
     hours = task.duration_s / 3600.0
     nodes = max(task.nodes, 1)
     boot_h = sum(settings.boot_delay_s) / 2.0 / 3600.0
-    best, how = math.inf, "none"
+    best, how, best_price = math.inf, "none", 0.0
     for o in offers:
         if o.gpus < task.gpus:
             continue
@@ -77,8 +86,10 @@ def task_bound(
         else:
             cost, kind = spot_restart_cost(per_gpu, nodes * zone_rate(settings, o.zone), hours), "spot_restart"
         if cost < best:
-            best, how = cost, kind
-    return best * task.total_gpus, how
+            best, how, best_price = cost, kind, per_gpu
+    g = task.total_gpus
+    useful = best_price * hours * g
+    return best * g, how, useful, best * g - useful
 
 
 def reclaim_aware_bound(workload: Workload, config: AutoscalerConfig, settings: SimSettings) -> dict[str, Any]:

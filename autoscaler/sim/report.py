@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoscaler.sim import baselines, bounds, managed_spot, metrics
+from autoscaler.sim import baselines, bounds, gap, managed_spot, metrics
 from autoscaler.sim.engine import SimOutcome
 
 
@@ -44,6 +44,8 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         "cost_vs_lower_bound": round(ours["total_cost_usd"] / lower, 3) if lower else None,
         "reclaim_aware_bound": aware,
         "cost_vs_reclaim_aware_bound": round(ours["total_cost_usd"] / aware_usd, 3) if aware_usd else None,
+        # Where ours spends above that bound, by cause (autoscaler.sim.gap).
+        "gap_to_reclaim_aware_bound": gap.decompose(outcome.sessions, wl, cfg, st, outcome.end_s),
         "baselines": {
             "managed_spot": managed_spot.managed_spot(wl, cfg, st),
             "clearml_style": baselines.clearml_style(wl, cfg, st),
@@ -94,6 +96,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"p95 {_dur(w['p95'])}; reservations held {gangs['reservation_gpu_hours']:,.1f} GPU-h before their "
             f"ranks started ({gangs['reservations_timed_out']} rank reservation(s) released at the timeout).",
         ]
+    lines += _gap_lines(report.get("gap_to_reclaim_aware_bound"))
     lines += [
         "",
         "## Teams (ours)",
@@ -112,6 +115,23 @@ def markdown(report: dict[str, Any]) -> str:
     if report["workload"]["notes"]:
         lines += ["", "Notes: " + "; ".join(report["workload"]["notes"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _gap_lines(g: dict[str, Any] | None) -> list[str]:
+    """Where ours spends above the reclaim-aware bound (reports from before have none)."""
+    if not g:
+        return []
+    lines = [
+        "",
+        f"## Gap to the reclaim-aware bound (ours): {g['gap_usd']:,.2f} USD",
+        "",
+        "| part | USD | share of the gap |",
+        "|---|---:|---:|",
+    ]
+    for part, usd in g["parts_usd"].items():
+        share = f"{100 * usd / g['gap_usd']:.1f} %" if g["gap_usd"] else "-"
+        lines.append(f"| {part} | {usd:,.2f} | {share} |")
+    return lines
 
 
 def _ratio(usd: float, bound: float | None) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoscaler.planner import QueueView, plan
+from autoscaler.planner import DemandGroup, QueueView, plan
 from autoscaler.policy.schema import Decision, PoolDecision, TeamDecision
 from tests.planner.builders import decision, demand, instance, make_input, offering, pool, worker
 
@@ -290,3 +290,35 @@ def test_policy_queue_placement_and_pool_order_are_honoured() -> None:
     ordered = Decision(pool_order=["b", "a"])
     p = plan(make_input(pools=(a, b), queues=queues, demand=(demand(),), decision=ordered))
     assert [x.pool for x in p.launches] == ["b"]
+
+
+def test_a_machine_the_work_cannot_fill_gives_way_to_a_later_pool_that_fits_it() -> None:
+    # The simulator's V100s on-demand: pool "aws" (first in the policy's order) has
+    # only a 4-GPU machine at 12.24 USD/h; "azure" a 2-GPU one at 6.12 USD/h.
+    aws = pool("aws", offerings=(offering("p3.8xlarge", "on_demand", gpus=4, price=12.24),))
+    azure = pool("azure", offerings=(offering("NC12s", "on_demand", gpus=2, price=6.12),))
+    queues = (QueueView("gpu", ("aws", "azure")),)
+    order = Decision(pool_order=["aws", "azure"])
+
+    def launched(*groups: DemandGroup) -> list[tuple[str, str]]:
+        p = plan(make_input(pools=(aws, azure), queues=queues, demand=groups, decision=order))
+        return [(x.pool, x.offering.instance_type) for x in p.launches]
+
+    # One 2-GPU task: on aws it uses 2 of 4 GPUs, 12.24 / 2 = 6.12 USD per GPU-hour;
+    # on azure 6.12 / 2 = 3.06. The later pool wins.
+    assert launched(demand(gpus=2)) == [("azure", "NC12s")]
+    # Two 2-GPU tasks would fill the 4-GPU machine, 3.06 per GPU-hour as on azure:
+    # at equal cost the machine of the task's own size goes (one 4-GPU machine would
+    # be held until the longer of the two ends), one per task.
+    assert launched(demand(gpus=2, count=2)) == [("azure", "NC12s"), ("azure", "NC12s")]
+    # ...but a 4-GPU machine cheaper per GPU (11.0 / 4 = 2.75) keeps them together.
+    cheap = pool("aws", offerings=(offering("p3.8xlarge", "on_demand", gpus=4, price=11.0),))
+    p = plan(make_input(pools=(cheap, azure), queues=queues, demand=(demand(gpus=2, count=2),), decision=order))
+    assert [(x.pool, x.offering.instance_type) for x in p.launches] == [("aws", "p3.8xlarge")]
+    # A 4-GPU task fits aws's machine exactly: the order decides again.
+    assert launched(demand(gpus=4)) == [("aws", "p3.8xlarge")]
+    # Only a capacity type the first pool's pick has: azure's spot is not compared
+    # with aws's on-demand (the capacity choice is the pool's own, not overturned).
+    azure_spot = pool("azure", offerings=(offering("NC12s", "spot", gpus=2, price=1.0),))
+    p = plan(make_input(pools=(aws, azure_spot), queues=queues, demand=(demand(gpus=2),), decision=order))
+    assert [x.pool for x in p.launches] == ["aws"]
