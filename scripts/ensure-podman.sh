@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure podman (with runc), debootstrap, iptables, Debian's docker-registry and
+# Make sure podman (with runc and its catatonit init), debootstrap, iptables, Debian's docker-registry and
 # busybox-static are installed, and that a
 # Debian root filesystem for the agent image test (tests/deploy/test_install_agent.py)
 # is cached as a tarball. The tarball is made once with debootstrap (it reaches
@@ -33,6 +33,9 @@ command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+# `podman run --init` (how the agent runs container tasks) needs podman's init, only a
+# Recommends of podman, which the --no-install-recommends install below leaves out.
+[ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
 # The static build: the dynamic `busybox` package's binary cannot run in an empty image.
 if ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed"; then
   missing+=(busybox-static)
