@@ -51,8 +51,9 @@ if [ "${INSTALL_CONTAINER_TOOLKIT:-false}" = "true" ]; then
       nvidia-ctk runtime configure --runtime=docker
     fi
   fi
-  # The engine the agent runs container tasks with (docker is used if the base has it).
+  # The engine the agent runs container tasks with (docker is used if the base has it),
+  # with catatonit: the agent runs `podman run --init`, and podman only recommends it.
   if ! command -v podman >/dev/null 2>&1 && ! command -v docker >/dev/null 2>&1; then
-    apt-get install -y --no-install-recommends podman
+    apt-get install -y --no-install-recommends podman catatonit
   fi
 fi
