@@ -258,14 +258,11 @@ def slurm_cluster() -> Iterator[Any]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-# Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), suites whose
-# session fixtures are expensive (Terraform/checkov runs, one Chromium) stay on one
-# worker so those fixtures run once.
-_GROUPED_DIRS = ("deploy", "web")
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` keeps the tests of tests/xdist_groups.py on one worker each."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import GroupScheduling
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts and parts[0] in _GROUPED_DIRS:
-            item.add_marker(pytest.mark.xdist_group(parts[0]))
+    return GroupScheduling(config, log)
