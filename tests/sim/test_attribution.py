@@ -47,6 +47,10 @@ def test_a_team_on_another_teams_machine_pays_for_its_gpus(tmp_path: Path) -> No
     assert teams["lab"]["budget"]["within_hard_budget"]
 
 
+# CPU-bound, no waits: the held task never runs, so the run lasts the whole horizon (60
+# simulated days of cycles), about 60 s alone; beside two other xdist workers on 2
+# cores it took over 120 s, the suite's default limit.
+@pytest.mark.timeout(360)
 def test_a_team_held_by_its_hard_budget_gets_no_gpus_on_another_teams_machine(tmp_path: Path) -> None:
     # The same fleet, but lab's $3 hard budget cannot carry the month-end forecast of
     # 2 more GPUs: the lease gate keeps lab off ops' idle GPUs (it would add spend), so
