@@ -66,7 +66,10 @@ def worker(server: LiveServer) -> tuple[str, httpx.Client]:
     join = issue_token(server.ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
     body = {"hostname": "h", "instance_id": "i-art", "provider": "static", "pool": "gpu-pool"}
     r = httpx.post(
-        f"{server.url}/api/v1/workers/register", json=body, headers={"Authorization": f"Bearer {join}"}, timeout=HTTP_TIMEOUT_S
+        f"{server.url}/api/v1/workers/register",
+        json=body,
+        headers={"Authorization": f"Bearer {join}"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert r.status_code == 201, r.text
     return r.json()["worker_id"], client(server, r.json()["worker_token"])

@@ -44,7 +44,10 @@ def register(server: LiveServer, n: int) -> tuple[str, httpx.Client]:
         "gpus": [{"index": 0, "model": "NVIDIA A10G", "uuid": f"GPU-{n}", "memory_mb": 24000}],
     }
     r = httpx.post(
-        f"{server.url}/api/v1/workers/register", json=body, headers={"Authorization": f"Bearer {join}"}, timeout=HTTP_TIMEOUT_S
+        f"{server.url}/api/v1/workers/register",
+        json=body,
+        headers={"Authorization": f"Bearer {join}"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert r.status_code == 201, r.text
     return r.json()["worker_id"], client(server, r.json()["worker_token"])
