@@ -39,12 +39,16 @@ system-deps:
 run: $(RUN_STAMP)
 	$(BIN)/autoscaler up
 
-# PYTEST_ARGS passes extra options, e.g. PYTEST_ARGS="-n 2 --dist loadgroup" or "-k agent".
+# PYTEST_ARGS passes extra options, e.g. PYTEST_ARGS="-k agent", or "-n 0" to run serially.
 PYTEST_ARGS ?=
+# Tests mostly wait (servers, agents, CLI processes), so more workers than cores pays:
+# docs/testing.md, "Suite time", has the measurements. Tests that share something of the
+# whole machine run on one worker each (tests/xdist_groups.py, through --dist loadgroup).
+TEST_WORKERS ?= 3
 
 # Lint first: a landing that breaks ruff, mypy --strict or the import layers fails here.
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 reliability: $(STAMP) system-deps
 	$(BIN)/python -m pytest -m slow -q $(PYTEST_ARGS)

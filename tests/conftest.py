@@ -46,14 +46,21 @@ _counter = itertools.count()
 # provider) and FAST_AGENT's flags (Slurm jobs, which do not inherit it). The tests
 # of the unprivileged path (tests/agent/test_task_user.py) clear these. Agents keep
 # their worker token in a state dir (root's default: /var/lib/autoscaler-agent);
-# tests' agents keep theirs in a throwaway one.
+# tests' agents keep theirs in a throwaway one, one per pytest process: xdist workers
+# inherit the main process's environment, and agents of two workers must not share one
+# worker.json.
 _ROOT_TASKS = ["--run-as=root", "--allow-root-tasks"] if os.geteuid() == 0 else []
 if os.geteuid() == 0:
     os.environ.setdefault("AUTOSCALER_RUN_AS", "root")
     os.environ.setdefault("AUTOSCALER_ALLOW_ROOT_TASKS", "1")
-if "AUTOSCALER_STATE_DIR" not in os.environ:
+if "AUTOSCALER_STATE_DIR" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["AUTOSCALER_STATE_DIR"] = tempfile.mkdtemp(prefix="autoscaler-test-agent-state-")
     atexit.register(shutil.rmtree, os.environ["AUTOSCALER_STATE_DIR"], True)
+# The CLI sizes its tables by COLUMNS (a pipe, as in these tests, gets unlimited width).
+# xdist workers start with COLUMNS=80 and LINES=24 that the terminal did not set, and a
+# developer's shell may export them: a test that needs a width passes COLUMNS itself.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Agent intervals shrunk so a whole lifecycle takes seconds (agents started by a
 # provider: Slurm jobs, the hybrid end to end); tests/agent keeps its own, finer set.
 FAST_AGENT = [
@@ -258,14 +265,11 @@ def slurm_cluster() -> Iterator[Any]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-# Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), suites whose
-# session fixtures are expensive (Terraform/checkov runs, one Chromium) stay on one
-# worker so those fixtures run once.
-_GROUPED_DIRS = ("deploy", "web")
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` keeps the tests of tests/xdist_groups.py on one worker each."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import GroupScheduling
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts and parts[0] in _GROUPED_DIRS:
-            item.add_marker(pytest.mark.xdist_group(parts[0]))
+    return GroupScheduling(config, log)

@@ -42,8 +42,13 @@ def server(store_ctx: AppContext) -> Iterator[LiveServer]:
     s.stop()
 
 
+# The server is a thread of the test process: beside other xdist workers on a loaded
+# 2-core machine one answer took over 10 s (a lease in test_gang_transfers.py).
+HTTP_TIMEOUT_S = 30
+
+
 def client(server: LiveServer, token: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=HTTP_TIMEOUT_S)
 
 
 def team(server: LiveServer, name: str) -> httpx.Client:
@@ -61,7 +66,10 @@ def worker(server: LiveServer) -> tuple[str, httpx.Client]:
     join = issue_token(server.ctx, "join", pool="gpu-pool", ttl=timedelta(hours=1))
     body = {"hostname": "h", "instance_id": "i-art", "provider": "static", "pool": "gpu-pool"}
     r = httpx.post(
-        f"{server.url}/api/v1/workers/register", json=body, headers={"Authorization": f"Bearer {join}"}, timeout=10
+        f"{server.url}/api/v1/workers/register",
+        json=body,
+        headers={"Authorization": f"Bearer {join}"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert r.status_code == 201, r.text
     return r.json()["worker_id"], client(server, r.json()["worker_token"])

@@ -22,7 +22,7 @@ from autoscaler.api.context import AppContext
 from autoscaler.api.routes.artifacts import TRANSFER, ticket_key
 from autoscaler.artifacts import tickets
 from autoscaler.artifacts.store import LocalStore
-from tests.artifacts.test_api import client, team, tgz, upload
+from tests.artifacts.test_api import HTTP_TIMEOUT_S, client, team, tgz, upload
 from tests.conftest import LiveServer, issue_token
 from tests.test_cli import cli
 from tests.waiting import wait_for
@@ -46,7 +46,10 @@ def register(server: LiveServer, n: int) -> tuple[str, httpx.Client]:
         "gpus": [{"index": 0, "model": "NVIDIA A10G", "uuid": f"GPU-{n}", "memory_mb": 24000}],
     }
     r = httpx.post(
-        f"{server.url}/api/v1/workers/register", json=body, headers={"Authorization": f"Bearer {join}"}, timeout=10
+        f"{server.url}/api/v1/workers/register",
+        json=body,
+        headers={"Authorization": f"Bearer {join}"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert r.status_code == 201, r.text
     return r.json()["worker_id"], client(server, r.json()["worker_token"])
@@ -70,7 +73,7 @@ def lease_gang(w0: tuple[str, httpx.Client], w1: tuple[str, httpx.Client]) -> tu
 
 
 def put(server: LiveServer, url: str, body: bytes, **params: Any) -> httpx.Response:
-    return httpx.put(server.url + url, content=body, params=params, timeout=10)
+    return httpx.put(server.url + url, content=body, params=params, timeout=HTTP_TIMEOUT_S)
 
 
 def step_of(archive: bytes) -> str:

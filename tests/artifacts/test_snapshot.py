@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,22 @@ def test_same_tree_same_digest(tmp_path: Path) -> None:
         p2.path.unlink()
 
 
-def test_over_the_limit_is_a_clear_error_and_leaves_no_file(tmp_path: Path) -> None:
+def test_over_the_limit_is_a_clear_error_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A temp dir of its own: tests beside this one (other xdist workers, their CLI
+    # processes) pack into the machine's temp dir meanwhile.
+    own = tmp_path / "tmp"
+    own.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "a").write_text("a")
+    fits = pack_directory(tmp_path / "small", limit_bytes=1000)
+    assert fits.path.parent == own  # packing does write here, so an empty dir below means something
+    fits.path.unlink()
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "blob").write_bytes(os.urandom(100_000))
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("autoscaler-snapshot-*"))
     with pytest.raises(InvalidInput, match=r"more than 1000 bytes.*gitignore"):
         pack_directory(tmp_path / "big", limit_bytes=1000)
-    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("autoscaler-snapshot-*")) == before
+    assert list(own.iterdir()) == []
 
 
 def test_not_a_directory(tmp_path: Path) -> None:

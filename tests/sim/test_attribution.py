@@ -47,8 +47,9 @@ def test_a_team_on_another_teams_machine_pays_for_its_gpus(tmp_path: Path) -> No
     assert teams["lab"]["budget"]["within_hard_budget"]
 
 
-# lab's task never runs, so the run goes on to the 60-day horizon (and into the next
-# months' budgets): 91-94 s alone at a load of 10 on two cores, over 120 s beside a suite.
+# CPU-bound, no waits: lab's task never runs, so the run lasts the whole 60-day horizon
+# (into the next months' budgets): 59-94 s alone at loads 6-10 on two cores, over 120 s
+# (the suite's default limit) beside two other xdist workers.
 @pytest.mark.timeout(360)
 def test_a_team_held_by_its_hard_budget_gets_no_gpus_on_another_teams_machine(tmp_path: Path) -> None:
     # The same fleet, but lab's $3 hard budget cannot carry the month-end forecast of
