@@ -35,7 +35,15 @@ def _load(
 
 
 Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
-Port = Annotated[int | None, typer.Option("--port", min=0, max=65535, help="Listen port (default 8080).")]
+def _port(value: int | None) -> int | None:
+    # A callback, not typer's min/max: those print "[0<=x<=65535]" in the help's type
+    # column, which then cuts longer option names at 80 columns.
+    if value is not None and not 0 <= value <= 65535:
+        raise typer.BadParameter(f"{value} is not a port: use 0-65535")
+    return value
+
+
+Port = Annotated[int | None, typer.Option("--port", callback=_port, help="Listen port 0-65535 (default 8080).")]
 Home = Annotated[Path | None, typer.Option("--home", help="Home dir: SQLite file, logs, admin token.")]
 TlsUpstream = Annotated[
     bool, typer.Option("--tls-terminated-upstream", help="Allow a non-loopback address: TLS ends in a proxy in front.")

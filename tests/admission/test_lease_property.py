@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -45,6 +46,7 @@ team_decisions = st.fixed_dictionaries(
         "spot_ok": st.booleans(),
     }
 )
+_OFF = {"may_scale_up": False, "drain": False, "headroom": None, "nominal": None, "borrow": None, "spot_ok": True}
 machines = st.lists(
     st.tuples(
         st.sampled_from(["a", "b", "c", None]),
@@ -73,6 +75,13 @@ tasks = st.lists(
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(decisions=st.fixed_dictionaries({t: team_decisions for t in TEAMS}), fleet=machines, queue=tasks)
+# Found by a full run: the 2-GPU lease leaves 0.50 of a's 2.00 USD/h, so its 1-GPU task
+# (0.75) stays queued; the idle check must ask with what is left, not the whole headroom.
+@example(
+    decisions={t: {**_OFF, **({"may_scale_up": True, "headroom": 2.0} if t == "a" else {})} for t in TEAMS},
+    fleet=[(None, 4, 3.0, 0, "on_demand", "team")],
+    queue=[("a", 0, 0, None, 0), ("a", 0, 0, None, 0), ("a", 2, 0, None, 0), ("a", 1, 0, None, 0)],
+)
 def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decisions, fleet, queue) -> None:
     path = tmp_path / f"p{next(_n)}.db"
     shutil.copy(_sqlite_template, path)
@@ -136,6 +145,14 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
                 assert spent[t] <= adm.headroom_usd_per_hour + 1e-6
             if adm.quota is not None and adm.quota.borrowing_limit_gpus is not None:
                 assert held[t] <= adm.quota.nominal_gpus + adm.quota.borrowing_limit_gpus
+        # What each team may still spend: its headroom less what this run's leases spent
+        # (the oracle's own count), as the quota check counts what each team holds.
+        left = {
+            t: adm
+            if adm.headroom_usd_per_hour is None
+            else replace(adm, headroom_usd_per_hour=adm.headroom_usd_per_hour - spent.get(t, 0.0))
+            for t, adm in table.items()
+        }
         with sessions() as s:
             queued = s.scalars(select(Task).where(Task.state == "queued")).all()
             for w in workers:
@@ -159,7 +176,7 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
                     assert m.charged_team is None or teams_here <= {m.charged_team}
                 for t in queued:
                     fitting = fits(Need(t.gpus, t.gpu_type, t.cpus, t.memory_mb), room)
-                    admissible = refusal(table[t.team], m, t.gpus, quota_room(t.team, quotas, held)) is None
+                    admissible = refusal(left[t.team], m, t.gpus, quota_room(t.team, quotas, held)) is None
                     assert not (fitting and admissible), f"worker {w} idle while task {t.id} fits and is admissible"
     finally:
         engine.dispose()

@@ -5,6 +5,7 @@ checkov scans them too (test_checkov.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,7 +40,13 @@ def test_runs_as_non_root_and_calls_a_real_command(path: object) -> None:
     assert argv[0] == "autoscaler"
     sub = argv[1]
     res = subprocess.run(
-        [sys.executable, "-m", "autoscaler", sub, "--help"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "autoscaler", sub, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        # Wide enough that no option name is cut to fit (rich ends a cut one with "…").
+        env={**os.environ, "COLUMNS": "200"},
     )
     assert res.returncode == 0, res.stderr
     for flag in (a for a in argv[2:] if a.startswith("--")):
