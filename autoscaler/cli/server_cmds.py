@@ -35,6 +35,8 @@ def _load(
 
 
 Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
+
+
 def _port(value: int | None) -> int | None:
     # A callback, not typer's min/max: those print "[0<=x<=65535]" in the help's type
     # column, which then cuts longer option names at 80 columns.
