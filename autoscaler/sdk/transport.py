@@ -17,8 +17,17 @@ from autoscaler.sdk.errors import FeatureMissing, NotFoundError, SdkError, Serve
 NO_ROUTE = "Not Found"
 
 
+# Never quotes the token: it is a credential.
+BAD_TOKEN = (
+    "the token holds characters an HTTP header cannot carry (not ASCII, a newline or a "
+    "control character?); check --token or AUTOSCALER_TOKEN"
+)
+
+
 class Transport:
     def __init__(self, server: str, token: str | None, timeout: float = 30.0) -> None:
+        if token and not (token.isascii() and token.isprintable()):
+            raise SdkError(BAD_TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.server = server
         self._http = httpx.Client(base_url=server, headers=headers, timeout=timeout)
@@ -48,10 +57,7 @@ class Transport:
         except httpx.InvalidURL as exc:  # not an HTTPError: a path built from bad user text
             raise SdkError(f"cannot send {method} {path!r}: {exc}; check the id or name given") from None
         except httpx.LocalProtocolError:  # nothing was sent: a header HTTP cannot carry (never quoted: the token)
-            raise SdkError(
-                f"cannot send {method} {path!r}: the token holds characters an HTTP header cannot carry "
-                "(a newline or control character?); check --token or AUTOSCALER_TOKEN"
-            ) from None
+            raise SdkError(f"cannot send {method} {path!r}: {BAD_TOKEN}") from None
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
         self._check(response)
