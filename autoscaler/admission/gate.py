@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from autoscaler.admission.model import TeamAdmission
+from autoscaler.admission.right_size import Size
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,9 @@ class Machine:
     # (the team it was launched for, else the team whose work holds it now; None: free).
     exclusive: bool = False
     tenant: str | None = None
+    # The smaller machines of its pool a GPU task that fits one waits for rather than
+    # take this one whole (`admission.right_size`); empty: no such rule here.
+    smaller: tuple[Size, ...] = ()
 
     def usd_per_hour(self, gpus: int) -> float:
         """What holding `gpus` of it costs per hour (a GPU-less machine is one slot)."""

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.admission.fit import Need
 from autoscaler.admission.gate import Machine, refusal
 from autoscaler.admission.model import TeamAdmission
 from autoscaler.admission.quota import Quota, cap
+from autoscaler.admission.right_size import Size, held_back
 from autoscaler.lifecycle import TASK_ACTIVE
 
 CODES = (
@@ -48,6 +50,8 @@ class TaskFacts:
     finished_at: datetime | None = None
     end_reason: str | None = None
     exit_code: int | None = None
+    cpus: float = 0.0
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ class Booting:
     capacity_type: str | None = None
     # Typical seconds from launch to ready in this pool (None: no history).
     typical_boot_s: float | None = None
+    smaller: tuple[Size, ...] = ()  # `admission.right_size`: it will not take work a smaller machine fits
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +218,8 @@ def explain_task(
         )
     room = None if limit is None else max(limit - held, 0)
     for inst in sorted(booting, key=lambda b: b.since):
+        if held_back(Need(task.gpus, None, task.cpus, task.memory_mb), inst.smaller):
+            continue  # bought for larger work: a right-sized machine is on its way
         if adm is not None:
             machine = Machine(inst.pool, inst.gpus, inst.hourly_price, inst.team, inst.capacity_type)
             if refusal(adm, machine, task.gpus, room) is not None:

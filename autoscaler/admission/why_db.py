@@ -11,6 +11,7 @@ from datetime import datetime
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from autoscaler.admission import right_size
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.quota import cap
 from autoscaler.admission.why import Booting, Spend, TaskFacts, Why, explain_task, standing
@@ -51,6 +52,8 @@ def why_task(session: Session, task: Task, *, boot_timeouts: Mapping[str, float]
         task.finished_at,
         task.end_reason,
         task.exit_code,
+        task.cpus,
+        task.memory_mb,
     )
     if task.state != "queued":
         return explain_task(
@@ -102,6 +105,7 @@ def why_task(session: Session, task: Task, *, boot_timeouts: Mapping[str, float]
                     inst.team,
                     inst.capacity_type,
                     typical[inst.pool],
+                    right_size.from_json(inst.smaller_machines),
                 )
             )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.admission.right_size import Size
 from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
 from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.policy.schema import Decision
@@ -149,6 +150,7 @@ class InstanceView:
     worker_id: str | None = None
     worker_state: str | None = None  # None: no worker registered yet
     reason: str = ""  # why it is preempted (the spot notice's words); "" otherwise
+    smaller: tuple[Size, ...] = ()  # `admission.right_size`: recorded at launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +187,9 @@ class Launch:
     reason: str
     nodes: int = 1
     gang: str | None = None
+    # The smaller machines a GPU task waits for rather than take this one whole
+    # (`admission.right_size`), recorded on the instance.
+    smaller: tuple[Size, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -235,6 +240,9 @@ class Plan:
     holds: tuple[Hold, ...] = ()
     placed_on_existing: int = 0
     notes: tuple[str, ...] = ()
+    # Instances whose right-size rule is lifted (their pool is at its max, so no
+    # smaller machine can be bought for the work they hold back).
+    right_size_lifted: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A compact JSON-able form for the decision record."""

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
-from autoscaler.admission.fit import gpu_type_matches
+from autoscaler.admission import right_size
+from autoscaler.admission.fit import Need, gpu_type_matches
 from autoscaler.admission.gate import Machine, added_spend, gang_limits, placement_refusal
 from autoscaler.admission.model import TeamAdmission, from_decision
 from autoscaler.admission.quota import Quota
@@ -93,6 +94,11 @@ class _Unit:
         """Asks for CPUs or memory: first fit must look at those too."""
         return self.cpus > 0 or self.memory_mb > 0
 
+    @property
+    def ask(self) -> Need:
+        """What one task of this shape asks for, as admission reads it."""
+        return Need(self.gpus, self.gpu_type, self.cpus, self.memory_mb)
+
 
 @dataclass(slots=True)
 class _Run:
@@ -132,6 +138,7 @@ class _Bin:
     cpus_free: float | None = None
     mem_free: int | None = None
     choice: str = ""  # why this capacity type, with the numbers (capacity choice)
+    smaller: tuple[right_size.Size, ...] = ()  # `admission.right_size`, for the instance
 
 
 class _HasFree(Protocol):
@@ -212,9 +219,18 @@ class _FreeIndex(Generic[_Item]):
     def free_at(self, pos: int) -> int:
         return self._items[pos].free
 
-    def first_fit(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool] | None = None) -> int | None:
+    def first_fit(
+        self,
+        unit: _Unit,
+        type_ok: _TypeMatch,
+        admit: Callable[[Machine], bool] | None = None,
+        *,
+        right_sized: bool = True,
+    ) -> int | None:
         """Position of the first item `unit` fits on, or None. `admit` says whether the
-        unit's team may use a machine (items without one, planned bins, always may)."""
+        unit's team may use a machine (items without one, planned bins, always may).
+        `right_sized`: a machine with every GPU free is no fit for a unit that one of its
+        pool's smaller machines fits (`admission.right_size`, the lease's rule)."""
         if not self._open:
             return None
         best: int | None = None
@@ -233,6 +249,15 @@ class _FreeIndex(Generic[_Item]):
                     continue
             elif not gpu_machine or not type_ok(unit.gpu_type, offered):
                 continue
+            # Items with all of the machine's GPUs free are the whole ones.
+            whole_free = (
+                machine.gpus
+                if right_sized
+                and machine is not None
+                and machine.smaller
+                and right_size.held_back(unit.ask, machine.smaller)
+                else -1
+            )
             found: int | None = None
             if sized:
                 # CPUs and memory are not indexed (few tasks ask for them): scan this
@@ -241,11 +266,11 @@ class _FreeIndex(Generic[_Item]):
                     if best is not None and pos >= best:
                         break
                     item = items[pos]
-                    if item.free >= need and _room_for(item, unit):
+                    if item.free >= need and item.free != whole_free and _room_for(item, unit):
                         found = pos
                         break
             else:
-                for free in [f for f in buckets if f >= need]:
+                for free in [f for f in buckets if f >= need and f != whole_free]:
                     heap = buckets[free]
                     while heap and items[heap[0]].free != free:
                         heapq.heappop(heap)  # stale: that item has been taken from since
@@ -265,10 +290,19 @@ class _FreeIndex(Generic[_Item]):
     def machine_at(self, pos: int) -> Machine | None:
         return self._kind_key[pos]
 
-    def whole_fits(self, unit: _Unit, type_ok: _TypeMatch, admit: Callable[[Machine], bool], limit: int) -> list[int]:
+    def whole_fits(
+        self,
+        unit: _Unit,
+        type_ok: _TypeMatch,
+        admit: Callable[[Machine], bool],
+        limit: int,
+        *,
+        right_sized: bool = True,
+    ) -> list[int]:
         """Up to `limit` positions, in insertion order, of whole items (nothing running
         or held there) that fit `unit` and admit it: the machines a gang's ranks may
-        count on, one rank each. A plain scan: gangs are few."""
+        count on, one rank each (`right_sized`: as `first_fit`). A plain scan: gangs
+        are few."""
         out: list[int] = []
         if not self._open:
             return out
@@ -284,6 +318,13 @@ class _FreeIndex(Generic[_Item]):
             if unit.gpus == 0 and gpu_machine:
                 continue
             if unit.gpus > 0 and not type_ok(unit.gpu_type, getattr(item, "gpu_type", None)):
+                continue
+            if (
+                right_sized
+                and machine is not None
+                and machine.smaller
+                and right_size.held_back(unit.ask, machine.smaller)
+            ):
                 continue
             if machine is not None and not admit(machine):
                 continue
@@ -764,10 +805,16 @@ def _ordered_runs(sc: _Scope) -> list[tuple[_Unit, int]]:
 
 
 def _fit_existing(
-    sc: _Scope, runs: list[tuple[_Unit, int]], cap: _Capacity, book: _TeamBook, type_ok: _TypeMatch
+    sc: _Scope,
+    runs: list[tuple[_Unit, int]],
+    cap: _Capacity,
+    book: _TeamBook,
+    type_ok: _TypeMatch,
+    full: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[_Unit, int]], int]:
     """Step 2: each task onto the first pool (rank order) with a slot that fits and
-    admits it. Returns what is left, as runs, and how many tasks were placed."""
+    admits it. Returns what is left, as runs, and how many tasks were placed. In the
+    `full` pools (at their max) right-sizing is lifted: no smaller machine can be bought."""
     remaining: list[tuple[_Unit, int]] = []
     placed_existing = 0
     # Free capacity only shrinks during this step, so once a task of some shape finds no
@@ -778,14 +825,16 @@ def _fit_existing(
         placed = 0
         shape = (u.team, u.queue, u.gpus, u.gpu_type, u.cpus, u.memory_mb)
         if shape not in no_fit:
-            candidates = [cap.slots[p.name] for p in sc.ranked.get(u.queue, ()) if p.name in cap.slots]
+            candidates = [
+                (cap.slots[p.name], p.name not in full) for p in sc.ranked.get(u.queue, ()) if p.name in cap.slots
+            ]
             admit = book.admitter(u)
             while placed < n:
                 left = book.quota_left(u.team)
                 if left is not None and u.gpus > left:
                     break  # step 3 holds the rest with the quota reason
-                for index in candidates:
-                    pos = index.first_fit(u, type_ok, admit)
+                for index, right_sized in candidates:
+                    pos = index.first_fit(u, type_ok, admit, right_sized=right_sized)
                     if pos is not None:
                         machine = index.machine_at(pos)
                         while True:
@@ -879,6 +928,7 @@ class _Packer:
         # Each team's new instances per pool, indexed by free size for first fit.
         self.bins_by: dict[str, dict[str, _FreeIndex[_Bin]]] = defaultdict(dict)
         self.chooser = _OfferingChooser(type_ok, sc.inp.capacity)
+        self._smaller: dict[tuple[str, str, int, float, int], tuple[right_size.Size, ...]] = {}
         self.held: Counter[tuple[str, str, str]] = Counter()
         self.held_gpus: Counter[tuple[str, str, str]] = Counter()
         self.want: Counter[tuple[str, str]] = Counter()
@@ -973,6 +1023,14 @@ class _Packer:
                     last[team] = (prev, at, searched)
                     break
 
+    def smaller(self, pool: PoolView, offering: OfferingView, u: _Unit) -> tuple[right_size.Size, ...]:
+        """`_smaller`, once per (pool, offering, shape) in a plan."""
+        key = (pool.name, offering.key, u.gpus, u.cpus, u.memory_mb)
+        hit = self._smaller.get(key)
+        if hit is None:
+            hit = self._smaller[key] = _smaller(pool, offering, u)
+        return hit
+
     def _place(self, u: _Unit, td: TeamDecision, *, search_bins: bool = True) -> tuple[_FreeIndex[_Bin], int] | None:
         """Place one task in a bin of its team (new or not): where, or None if held.
         `search_bins=False`: the caller knows no bin of the team fits it. Afterwards
@@ -1043,6 +1101,7 @@ class _Packer:
                 offering.cpus - u.cpus if u.cpus > 0 else offering.cpus,
                 offering.memory_mb - u.memory_mb if u.memory_mb > 0 else offering.memory_mb,
                 why,
+                self.smaller(pool, offering, u),
             )
             index = team_bins.get(pool.name)
             if index is None:
@@ -1062,7 +1121,7 @@ def _team_launches(dec: Decision, bins: list[_Bin]) -> list[Launch]:
         # Fail-safe means hold. Every team is frozen then, so nothing above launched;
         # this keeps it so whatever a failed decision carries.
         return []
-    return [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b)) for b in bins]
+    return [Launch(b.pool, b.offering, b.team, tuple(b.answers), _launch_reason(b), smaller=b.smaller) for b in bins]
 
 
 def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[list[Launch], list[str], Counter[str]]:
@@ -1217,7 +1276,8 @@ def _plan_gangs(
         chosen: tuple[PoolView, list[int], OfferingView | None, int] | None = None
         for pool in sc.ranked.get(u.queue, ()):
             index = cap.slots.get(pool.name)
-            fits = index.whole_fits(u, type_ok, gang_admits, want) if index is not None else []
+            room = count[pool.name] < bounds.max_eff.get(pool.name, 0)
+            fits = index.whole_fits(u, type_ok, gang_admits, want, right_sized=room) if index is not None else []
             missing = want - len(fits)
             if missing == 0:
                 chosen = (pool, fits, None, 0)
@@ -1264,9 +1324,23 @@ def _plan_gangs(
         )
         if pool.max_gang_nodes is not None and missing > pool.max_gang_nodes:
             # The driver cannot launch them as one unit: one machine per launch.
-            launches.extend(Launch(pool.name, offering, u.team, (u.answer,), reason) for _ in range(missing))
+            launches.extend(
+                Launch(pool.name, offering, u.team, (u.answer,), reason, smaller=_smaller(pool, offering, u))
+                for _ in range(missing)
+            )
         else:
-            launches.append(Launch(pool.name, offering, u.team, (u.answer,), reason, nodes=missing, gang=g.gang))
+            launches.append(
+                Launch(
+                    pool.name,
+                    offering,
+                    u.team,
+                    (u.answer,),
+                    reason,
+                    nodes=missing,
+                    gang=g.gang,
+                    smaller=_smaller(pool, offering, u),
+                )
+            )
     return _GangPlan(launches, holds, placed, count)
 
 
@@ -1327,7 +1401,8 @@ def plan(inp: PlanInput) -> Plan:
     if any(g.gang is not None for g in inp.demand):
         runs, placed_existing = _plan_gangs_in_order(sc, bounds, cap, book, type_ok, packer, runs)
         gangs = packer.gangs
-    remaining, placed = _fit_existing(sc, runs, cap, book, type_ok)
+    full = frozenset(p for p in sc.pools if count[p] >= bounds.max_eff.get(p, 0))
+    remaining, placed = _fit_existing(sc, runs, cap, book, type_ok, full)
     placed_existing += placed
     # 3. launch for the rest, then for pool minimums
     packed = packer.pack(remaining)
@@ -1339,8 +1414,15 @@ def plan(inp: PlanInput) -> Plan:
     holds = _holds(packed)
     if gangs.holds:
         holds = tuple(sorted((*gangs.holds, *holds), key=lambda h: (h.team, h.queue, h.reason)))
+    lifted = tuple(i.id for i in inp.instances if i.smaller and i.pool in full and i.state in LIVE_STATES)
     return Plan(
-        tuple(launches), tuple(drains), tuple(terminations), holds, placed_existing + gangs.placed, tuple(notes)
+        tuple(launches),
+        tuple(drains),
+        tuple(terminations),
+        holds,
+        placed_existing + gangs.placed,
+        tuple(notes),
+        lifted,
     )
 
 
@@ -1358,7 +1440,15 @@ def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str |
         inst.capacity_type,
         exclusive=exclusive,
         tenant=inst.team or tenant,
+        smaller=inst.smaller,
     )
+
+
+def _smaller(pool: PoolView, offering: OfferingView, opener: _Unit) -> tuple[right_size.Size, ...]:
+    """The smaller machines a new `offering` of `pool` holds GPU work back for
+    (`admission.right_size`): those that can be launched now."""
+    launchable = (o for o in pool.offerings if o.capacity_type in pool.capacity_types and not pool.is_blocked(o))
+    return right_size.smaller_than(offering, launchable, opener.ask)
 
 
 def _cheapest(pool: PoolView) -> OfferingView | None:

@@ -16,15 +16,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, exists, func, or_, select, true
+from sqlalchemy import ColumnElement, and_, exists, func, not_, or_, select, true
 from sqlalchemy.orm import Session
 
+from autoscaler.admission import right_size
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.fit import Need, Room, gpu_type_matches
 from autoscaler.admission.gate import Machine, added_spend, gang_limits, largest_admissible
 from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
+from autoscaler.admission.right_size import Size
 from autoscaler.admission.shapes import Catalog
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -380,7 +382,8 @@ def lease(
     machine = machine_of(session, worker, active)
     table = admission_store.load(session)
     usage = team_usage(session)
-    choice = _choose(session, queues, room, machine, table, usage, worker_id=worker_id)
+    whole = worker.gpu_count > 0 and not used
+    choice = _choose(session, queues, room, machine, table, usage, worker_id=worker_id, whole=whole)
     if choice is None:
         return None
     task, adm = choice
@@ -518,6 +521,7 @@ def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) ->
         inst.capacity_type,
         exclusive=exclusive,
         tenant=inst.team or min(holders, default=None),
+        smaller=right_size.from_json(inst.smaller_machines),
     )
 
 
@@ -530,8 +534,10 @@ def _choose(
     usage: Mapping[str, tuple[int, int]],
     *,
     worker_id: str = "",
+    whole: bool = False,
 ) -> tuple[Task, TeamAdmission | None] | None:
-    """The task to lease and its team's admission (None before any evaluation)."""
+    """The task to lease and its team's admission (None before any evaluation).
+    `whole`: every GPU of the machine is free (`admission.right_size` applies)."""
     holding = tuple(s.value for s in RANK_HOLDING)
     held_here = select(TaskRank.task_id).where(TaskRank.worker_id == worker_id, TaskRank.state.in_(holding))
     reserving = gangs.reserving_ids(session)
@@ -553,6 +559,8 @@ def _choose(
         fit.append(Task.cpus <= room.cpus + 1e-9)
     if room.memory_mb is not None:
         fit.append(Task.memory_mb <= room.memory_mb)
+    if whole and machine.smaller:
+        fit.append(_not_held_back(machine.smaller))
     wished = session.scalars(select(Task.gpu_type).where(*fit, Task.gpus > 0, Task.gpu_type.is_not(None)).distinct())
     mismatched = [g for g in wished if g and not gpu_type_matches(g, room.gpu_type)]
     if mismatched:
@@ -629,6 +637,13 @@ def _choose(
             if task is not None:
                 return task, admission_of(task.team)
     return None
+
+
+def _not_held_back(smaller: Sequence[Size]) -> ColumnElement[bool]:
+    """The query's form of `right_size.held_back`, negated: CPU-only work, or GPU work
+    that none of the pool's smaller machines fits."""
+    fits_one = [and_(Task.gpus <= s.gpus, Task.cpus <= s.cpus + 1e-9, Task.memory_mb <= s.memory_mb) for s in smaller]
+    return or_(Task.gpus <= 0, not_(or_(*fits_one)))
 
 
 def _admissible(

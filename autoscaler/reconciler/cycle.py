@@ -41,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol, cast
 
-from sqlalchemy import select
+from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.admission import right_size
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.model import admissions
 from autoscaler.clock import Clock
@@ -224,6 +225,13 @@ class Reconciler:
             spent[launch.team] += launch.hourly_price
         with transaction(self.sessions) as s:
             admission_store.write(s, admissions(evaluation.decision, spent), now=now)
+            if the_plan.right_size_lifted:
+                s.execute(
+                    update(Instance)
+                    .where(Instance.id.in_(the_plan.right_size_lifted))
+                    .values(smaller_machines=null())
+                    .execution_options(synchronize_session=False)
+                )
         result.plan = the_plan
         result.policy_revision = evaluation.revision
         result.policy_error = evaluation.error
@@ -599,6 +607,7 @@ class Reconciler:
             hourly_price=o.hourly_price,
             created_at=now,
             updated_at=now,
+            smaller_machines=right_size.to_json(launch.smaller),
         )
         inst.id = new_id()  # what the column default would draw at the flush (same order of ids)
         s.add(inst)

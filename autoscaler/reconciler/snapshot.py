@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
+from autoscaler.admission import right_size
 from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
@@ -170,6 +171,7 @@ def observe(
             Instance.launched_at,
             Instance.worker_id,
             Instance.provider_instance_id,
+            Instance.smaller_machines,
         ).where(Instance.state.in_(OPEN_INSTANCE_STATES))
     ).all()
     by_provider_id = {(i.pool, i.provider_instance_id): i.id for i in instance_rows if i.provider_instance_id}
@@ -225,6 +227,7 @@ def observe(
             i.worker_id,
             (worker_state.get(i.worker_id, "gone") if i.worker_id else None),
             preempted_why.get(i.id, ""),
+            right_size.from_json(i.smaller_machines),
         )
         for i in instance_rows
     )

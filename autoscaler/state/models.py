@@ -395,6 +395,9 @@ class Instance(Base):
     # Both None for a single machine. Each row keeps a `request_id` of its own.
     launch_request_id: Mapped[str | None] = mapped_column(String(64), index=True)
     gang_id: Mapped[str | None] = mapped_column(String(32))
+    # The smaller machines of its pool a GPU task waits for rather than take this one
+    # whole ([[gpus, cpus, memory_mb], ...], `admission.right_size`); None: no rule.
+    smaller_machines: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
 
 class InstanceEvent(Base):
