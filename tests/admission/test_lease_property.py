@@ -18,17 +18,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
+from autoscaler.admission import right_size
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.fit import Need, Room, fits
 from autoscaler.admission.gate import added_spend, refusal
 from autoscaler.admission.model import admissions
 from autoscaler.admission.quota import room as quota_room
+from autoscaler.admission.right_size import Size, held_back
 from autoscaler.clock import ManualClock
 from autoscaler.config import parse_config
 from autoscaler.policy.schema import Decision, TeamDecision
 from autoscaler.queueing import tasks as ops
 from autoscaler.state.db import make_engine, session_factory, transaction
-from autoscaler.state.models import Task, Worker
+from autoscaler.state.models import Instance, Task, Worker
 from tests.admission.test_lease_gate import machine
 from tests.conftest import TEST_CONFIG, make_context
 from tests.queueing.helpers import add_task
@@ -55,6 +57,8 @@ machines = st.lists(
         st.sampled_from([0, 2, 8]),
         st.sampled_from(["spot", "on_demand"]),
         st.sampled_from(["team", "shared"]),
+        # Right-sizing: the smaller machines of its pool recorded at launch.
+        st.sampled_from([(), (Size(1, 8.0, 61_000),), (Size(1, 1.0, 61_000), Size(2, 4.0, 61_000))]),
     ),
     min_size=1,
     max_size=5,
@@ -79,7 +83,7 @@ tasks = st.lists(
 # (0.75) stays queued; the idle check must ask with what is left, not the whole headroom.
 @example(
     decisions={t: {**_OFF, **({"may_scale_up": True, "headroom": 2.0} if t == "a" else {})} for t in TEAMS},
-    fleet=[(None, 4, 3.0, 0, "on_demand", "team")],
+    fleet=[(None, 4, 3.0, 0, "on_demand", "team", ())],
     queue=[("a", 0, 0, None, 0), ("a", 0, 0, None, 0), ("a", 2, 0, None, 0), ("a", 1, 0, None, 0)],
 )
 def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decisions, fleet, queue) -> None:
@@ -92,8 +96,13 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
         make_context(parse_config(TEST_CONFIG, Path("test.yaml")), sessions, clock)
         workers = [
             machine(sessions, clock, team=team, gpus=g, price=price, cpus=cpus, capacity_type=ct, tenancy=tenancy)
-            for team, g, price, cpus, ct, tenancy in fleet
+            for team, g, price, cpus, ct, tenancy, _ in fleet
         ]
+        with transaction(sessions) as s:
+            for w, (*_, smaller) in zip(workers, fleet, strict=True):
+                inst = s.scalar(select(Instance).where(Instance.worker_id == w))
+                assert inst is not None
+                inst.smaller_machines = right_size.to_json(smaller)
         for team, gpus, cpus, gtype, prio in queue:
             add_task(sessions, clock, team=team, gpus=gpus, cpus=cpus, gpu_type=gtype, priority=prio)
             clock.advance(1)
@@ -121,13 +130,17 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
             active = s.scalars(select(Task).where(Task.worker_id == w, Task.state == "leased")).all()
             return ops.machine_of(s, s.get(Worker, w), active)
 
+        def whole(s, w) -> bool:  # every GPU of it free: right-sizing applies
+            active = s.scalars(select(Task).where(Task.worker_id == w, Task.state == "leased")).all()
+            return sum(t.gpus for t in active) == 0
+
         # Lease round-robin until every worker gets nothing.
         progress = True
         while progress:
             progress = False
             for w in workers:
                 with sessions() as s:
-                    before = machine_now(s, w)
+                    before, was_whole = machine_now(s, w), whole(s, w)
                 with transaction(sessions) as s:
                     task = ops.lease(s, w, now=clock.now())
                     if task is None:
@@ -136,6 +149,8 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
                     adm = table[task.team]
                     # The gate's own verdict, computed before this lease took effect.
                     assert refusal(adm, before, task.gpus, quota_room(task.team, quotas, held)) is None
+                    need = Need(task.gpus, task.gpu_type, task.cpus, task.memory_mb)
+                    assert not (was_whole and held_back(need, before.smaller)), "a smaller machine fits it"
                     spent[task.team] += added_spend(adm, before, task.gpus)
                     held[task.team] += task.gpus
         for t, adm in table.items():
@@ -174,8 +189,10 @@ def test_lease_holds_every_promise(_sqlite_template: Path, tmp_path: Path, decis
                     teams_here = {t.team for t in active}
                     assert len(teams_here) <= 1
                     assert m.charged_team is None or teams_here <= {m.charged_team}
+                empty = not any(t.gpus for t in active)
                 for t in queued:
-                    fitting = fits(Need(t.gpus, t.gpu_type, t.cpus, t.memory_mb), room)
+                    need = Need(t.gpus, t.gpu_type, t.cpus, t.memory_mb)
+                    fitting = fits(need, room) and not (empty and held_back(need, m.smaller))
                     admissible = refusal(left[t.team], m, t.gpus, quota_room(t.team, quotas, held)) is None
                     assert not (fitting and admissible), f"worker {w} idle while task {t.id} fits and is admissible"
     finally:
