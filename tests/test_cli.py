@@ -283,6 +283,10 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
             "unknown team 'nosuch' (known: default, vision, nlp)",
         ),
         (["tasks", "--team", "nosuch"], "unknown team 'nosuch'"),
+        # A --queue or --pool filter naming nothing printed an empty list, as if it were idle.
+        (["tasks", "--queue", "nosuch"], "404: queue 'nosuch' does not exist (known: gpu, cpu, vision-only)"),
+        (["instances", "--pool", "nosuch"], "404: pool 'nosuch' is not configured (known: gpu-pool, cpu-pool)"),
+        (["enqueue", "-q", "nosuch", "--", "true"], "404: queue 'nosuch' does not exist (known: gpu, cpu)"),
         (["spend", "--team", "visoin"], "add it under teams: in autoscaler.yaml"),
         (["alerts", "--team", "nosuch"], "unknown team 'nosuch'"),
         (["token", "create", "--team", "nosuch"], "needs a known team"),
@@ -357,6 +361,19 @@ def test_a_typo_in_pool_options_stops_startup_at_its_key_path(tmp_path: Path) ->
 def test_login_page_says_where_the_admin_token_is(server: dict[str, str]) -> None:
     page = httpx.get(f"{server['AUTOSCALER_SERVER']}/login", timeout=10).text
     assert str(Path(server["AUTOSCALER_HOME"]) / "admin.token") in page
+
+
+def test_a_known_queue_or_pool_with_nothing_in_it_lists_nothing(server: dict[str, str]) -> None:
+    admin = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    team = {**server, "AUTOSCALER_TOKEN": cli("token", "create", "--team", "nlp", env=admin).stdout.strip()}
+    for env in (admin, team):
+        # `server` runs no reconciler, so no pool has an instance; nlp has no task in vision-only.
+        for args in (["instances", "--pool", "gpu-pool"], ["tasks", "--queue", "vision-only"]):
+            r = cli(*args, "--json", env=env)
+            assert r.returncode == 0 and json.loads(r.stdout) == [], (args, r.stderr)
+    # A team token is told the queues its team may use.
+    r = cli("tasks", "--queue", "nosuch", env=team)
+    assert r.returncode == 1 and "(known: gpu, cpu)" in r.stderr, r.stderr
 
 
 def test_known_teams_are_still_accepted(server: dict[str, str]) -> None:
