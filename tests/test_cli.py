@@ -531,7 +531,7 @@ def test_markup_in_commands_and_env_is_printed_literally(finished_tasks: dict[st
     assert COMPREHENSION in listed.stdout  # a list comprehension does not vanish
     assert "[x * 2 for x in range(3)]" in cli("task", "show", finished_tasks["comprehension"], env=env).stdout
     logs = cli("logs", finished_tasks["markup"], env=env)
-    assert logs.stdout == "[red]hello[/red] [/] [bold]x\n"
+    assert logs.stdout == "[red]hello[/red] [/] [bold]x\n" and logs.stderr == ""
     # A team token sees the same list without a crash.
     team = cli("token", "create", "--team", "nlp", env=env).stdout.strip()
     assert "[red]hello[/red]" in cli("tasks", env={**env, "AUTOSCALER_TOKEN": team}).stdout
@@ -569,6 +569,16 @@ def test_task_show_says_why_each_attempt_ended(finished_tasks: dict[str, str]) -
     (attempt_row,) = [ln for ln in exit3.splitlines() if re.match(r"│ 1 +│", ln)]
     assert re.search(r"│ \d+\.\d{4} +│ \d+\.\d{4} +│$", attempt_row), attempt_row
     assert "exit 3" in cli("tasks", "--state", "failed", env=env).stdout
+
+
+def test_logs_of_a_task_that_did_not_start_say_why(finished_tasks: dict[str, str]) -> None:
+    env = _admin(finished_tasks)
+    for key, why in (("missing", "cannot start 'nosuchprogram-xyz'"), ("workdir", "does not exist")):
+        for follow in ([], ["--follow"]):
+            r = cli("logs", finished_tasks[key], *follow, env=env)  # it printed nothing at all
+            assert r.returncode == 0 and r.stdout == "", r.stderr
+            assert r.stderr.startswith(f"{finished_tasks[key]}: the command did not start: ") and why in r.stderr
+    assert cli("logs", finished_tasks["exit3"], env=env).stderr == ""  # a task that ran: its output only
 
 
 def test_tables_off_a_terminal_keep_full_ids_and_timestamps(finished_tasks: dict[str, str]) -> None:
