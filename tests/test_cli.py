@@ -264,6 +264,23 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
     assert "may be removed" in resealed.stdout
 
 
+@pytest.mark.parametrize("command", [["secret-key", "rotate"], ["secret-key", "reseal"], ["db", "downgrade", "base"]])
+def test_a_home_that_does_not_exist_is_refused_not_made(tmp_path: Path, command: list[str]) -> None:
+    typo = tmp_path / "typo"  # `secret-key rotate` made it (and a key file in it); `db downgrade` was a traceback
+    r = cli(*command, "--home", str(typo))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: home {typo} does not exist: check --home (or AUTOSCALER_HOME)" in r.stderr
+    assert not typo.exists()
+
+
+def test_a_key_file_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    key = tmp_path / "nowhere" / "secret.key"
+    r = cli("secret-key", "rotate", "--home", str(tmp_path / "home"), env={"AUTOSCALER_SECRET_KEY_FILE": str(key)})
+    assert r.returncode == 1 and f"directory {key.parent} does not exist" in r.stderr, r.stderr
+    assert not key.parent.exists()
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
