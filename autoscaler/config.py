@@ -485,13 +485,17 @@ class AutoscalerConfig(_Strict):
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
 
+    def team_names(self) -> list[str]:
+        """The teams a task can belong to: `default` (admin-enqueued work) and `teams:`."""
+        return [DEFAULT_TEAM, *(t.name for t in self.teams)]
+
     def check_team(self, name: str) -> None:
         """Refuse a team this deployment does not declare (an admin's `--team` typo would
         otherwise queue work, or filter a report, for a team that cannot exist). The
         catch-all team of admin-enqueued work, `default`, always exists."""
-        if name == DEFAULT_TEAM or any(t.name == name for t in self.teams):
+        if name in self.team_names():
             return
-        known = ", ".join([DEFAULT_TEAM, *(t.name for t in self.teams)])
+        known = ", ".join(self.team_names())
         raise InvalidInput(
             f"unknown team {name[:64]!r} (known: {known}): check the spelling, or add it under "
             "teams: in autoscaler.yaml and restart the server"

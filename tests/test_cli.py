@@ -264,6 +264,23 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
     assert "may be removed" in resealed.stdout
 
 
+@pytest.mark.parametrize("command", [["secret-key", "rotate"], ["secret-key", "reseal"], ["db", "downgrade", "base"]])
+def test_a_home_that_does_not_exist_is_refused_not_made(tmp_path: Path, command: list[str]) -> None:
+    typo = tmp_path / "typo"  # `secret-key rotate` made it (and a key file in it); `db downgrade` was a traceback
+    r = cli(*command, "--home", str(typo))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: home {typo} does not exist: check --home (or AUTOSCALER_HOME)" in r.stderr
+    assert not typo.exists()
+
+
+def test_a_key_file_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    key = tmp_path / "nowhere" / "secret.key"
+    r = cli("secret-key", "rotate", "--home", str(tmp_path / "home"), env={"AUTOSCALER_SECRET_KEY_FILE": str(key)})
+    assert r.returncode == 1 and f"directory {key.parent} does not exist" in r.stderr, r.stderr
+    assert not key.parent.exists()
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -283,6 +300,10 @@ def test_secret_key_rotate_and_reseal(tmp_path: Path) -> None:
             "unknown team 'nosuch' (known: default, vision, nlp)",
         ),
         (["tasks", "--team", "nosuch"], "unknown team 'nosuch'"),
+        # A --queue or --pool filter naming nothing printed an empty list, as if it were idle.
+        (["tasks", "--queue", "nosuch"], "404: queue 'nosuch' does not exist (known: gpu, cpu, vision-only)"),
+        (["instances", "--pool", "nosuch"], "404: pool 'nosuch' is not configured (known: gpu-pool, cpu-pool)"),
+        (["enqueue", "-q", "nosuch", "--", "true"], "404: queue 'nosuch' does not exist (known: gpu, cpu)"),
         (["spend", "--team", "visoin"], "add it under teams: in autoscaler.yaml"),
         (["alerts", "--team", "nosuch"], "unknown team 'nosuch'"),
         (["token", "create", "--team", "nosuch"], "needs a known team"),
@@ -357,6 +378,19 @@ def test_a_typo_in_pool_options_stops_startup_at_its_key_path(tmp_path: Path) ->
 def test_login_page_says_where_the_admin_token_is(server: dict[str, str]) -> None:
     page = httpx.get(f"{server['AUTOSCALER_SERVER']}/login", timeout=10).text
     assert str(Path(server["AUTOSCALER_HOME"]) / "admin.token") in page
+
+
+def test_a_known_queue_or_pool_with_nothing_in_it_lists_nothing(server: dict[str, str]) -> None:
+    admin = {**server, "AUTOSCALER_TOKEN": Path(server["AUTOSCALER_HOME"], "admin.token").read_text().strip()}
+    team = {**server, "AUTOSCALER_TOKEN": cli("token", "create", "--team", "nlp", env=admin).stdout.strip()}
+    for env in (admin, team):
+        # `server` runs no reconciler, so no pool has an instance; nlp has no task in vision-only.
+        for args in (["instances", "--pool", "gpu-pool"], ["tasks", "--queue", "vision-only"]):
+            r = cli(*args, "--json", env=env)
+            assert r.returncode == 0 and json.loads(r.stdout) == [], (args, r.stderr)
+    # A team token is told the queues its team may use.
+    r = cli("tasks", "--queue", "nosuch", env=team)
+    assert r.returncode == 1 and "(known: gpu, cpu)" in r.stderr, r.stderr
 
 
 def test_known_teams_are_still_accepted(server: dict[str, str]) -> None:
@@ -514,7 +548,7 @@ def test_markup_in_commands_and_env_is_printed_literally(finished_tasks: dict[st
     assert COMPREHENSION in listed.stdout  # a list comprehension does not vanish
     assert "[x * 2 for x in range(3)]" in cli("task", "show", finished_tasks["comprehension"], env=env).stdout
     logs = cli("logs", finished_tasks["markup"], env=env)
-    assert logs.stdout == "[red]hello[/red] [/] [bold]x\n"
+    assert logs.stdout == "[red]hello[/red] [/] [bold]x\n" and logs.stderr == ""
     # A team token sees the same list without a crash.
     team = cli("token", "create", "--team", "nlp", env=env).stdout.strip()
     assert "[red]hello[/red]" in cli("tasks", env={**env, "AUTOSCALER_TOKEN": team}).stdout
@@ -552,6 +586,16 @@ def test_task_show_says_why_each_attempt_ended(finished_tasks: dict[str, str]) -
     (attempt_row,) = [ln for ln in exit3.splitlines() if re.match(r"│ 1 +│", ln)]
     assert re.search(r"│ \d+\.\d{4} +│ \d+\.\d{4} +│$", attempt_row), attempt_row
     assert "exit 3" in cli("tasks", "--state", "failed", env=env).stdout
+
+
+def test_logs_of_a_task_that_did_not_start_say_why(finished_tasks: dict[str, str]) -> None:
+    env = _admin(finished_tasks)
+    for key, why in (("missing", "cannot start 'nosuchprogram-xyz'"), ("workdir", "does not exist")):
+        for follow in ([], ["--follow"]):
+            r = cli("logs", finished_tasks[key], *follow, env=env)  # it printed nothing at all
+            assert r.returncode == 0 and r.stdout == "", r.stderr
+            assert r.stderr.startswith(f"{finished_tasks[key]}: the command did not start: ") and why in r.stderr
+    assert cli("logs", finished_tasks["exit3"], env=env).stderr == ""  # a task that ran: its output only
 
 
 def test_tables_off_a_terminal_keep_full_ids_and_timestamps(finished_tasks: dict[str, str]) -> None:

@@ -88,6 +88,48 @@ def _hide_flag_types() -> None:
 _hide_flag_types()
 
 
+def _keep_option_names_whole() -> None:
+    """Option names are never cut in help. typer's options table gives rich no column
+    settings, so on a narrow screen (80 columns) rich shrinks every column to fit and
+    cuts a long name with an ellipsis (`--secret-env-from-fi…`) when the type or help
+    column is wide. Here the name columns (all but the last two of a row: the type and
+    the help) never wrap, so the type and help columns give up the room. typer imports
+    its rich help module only to print help, so the change is made then: start-up
+    imports nothing more (tests/test_cli_help.py renders every command at 80 columns)."""
+    from typer.core import TyperCommand, TyperGroup
+
+    def install() -> None:
+        from rich.table import Table
+        from typer import rich_utils
+
+        base = getattr(rich_utils, "Table", None)
+        if base is not Table:  # already installed, or a typer whose help is laid out otherwise
+            return
+
+        class OptionsTable(Table):
+            def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+                # Only typer's options table arrives with no columns (its commands
+                # table declares its own): [required,] long, short, --no-long, -no-short, type, help.
+                if not self.columns and len(renderables) > 2:
+                    for _ in renderables[:-2]:
+                        self.add_column(no_wrap=True)
+                super().add_row(*renderables, **kwargs)
+
+        rich_utils.Table = OptionsTable  # type: ignore[attr-defined]
+
+    for command_class in (TyperCommand, TyperGroup):
+        formatted = command_class.format_help
+
+        def format_help(self: Any, ctx: Any, formatter: Any, formatted: Any = formatted) -> None:
+            install()
+            formatted(self, ctx, formatter)
+
+        command_class.format_help = format_help  # type: ignore[method-assign]
+
+
+_keep_option_names_whole()
+
+
 def _register(only: str | None = None) -> None:
     """Import the command modules (all of them, or `only`): importing one adds its commands."""
     import importlib

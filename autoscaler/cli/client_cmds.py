@@ -29,6 +29,7 @@ from autoscaler.cli.common import (
 )
 from autoscaler.errors import InvalidInput
 from autoscaler.sdk.body import task_body
+from autoscaler.sdk.models import TaskInfo
 
 task_app = typer.Typer(help="Inspect one task.", no_args_is_help=True)
 token_app = typer.Typer(help="Create tokens (admin).", no_args_is_help=True)
@@ -444,8 +445,21 @@ def logs(
     home: HomeOpt = None,
 ) -> None:
     """Print a task's output."""
-    for chunk in sdk_client(server, token, home).task(task_id).logs(follow=follow, rank=rank):
+    task = sdk_client(server, token, home).task(task_id)
+    for chunk in task.logs(follow=follow, rank=rank):
         typer.echo(chunk.data, nl=False, err=chunk.stream == "stderr")
+    if (why := start_failure(task.info())) is not None:
+        # Its command never ran, so it wrote nothing: say why, where its errors would be.
+        typer.echo(f"{task_id}: the command did not start: {why}", err=True)
+
+
+def start_failure(task: TaskInfo) -> str | None:
+    """Why a task that ended `start_failed` never ran (a missing program or working
+    dir, as its history records it), or None for a task that ended otherwise."""
+    if task.end_reason != "start_failed":
+        return None
+    details = [e.detail for e in task.events if e.reason == "start_failed" and e.detail]
+    return details[-1] if details else "no reason was recorded (see `autoscaler task show`)"
 
 
 @app.command()

@@ -15,9 +15,11 @@ from rich.text import Text
 
 from autoscaler.cli import app
 from autoscaler.cli.common import HomeOpt, JsonOpt, ServerOpt, TokenOpt, client, out, print_json
+from autoscaler.config import load_config, read_environment
 from autoscaler.errors import InvalidInput
 from autoscaler.policy.bundle import load_bundle, shipped_policy_dir
 from autoscaler.policy.cases import check, check_and_test, complete_input
+from autoscaler.policy.data_teams import undeclared_teams
 from autoscaler.policy.engines import EmbeddedEngine
 from autoscaler.policy.problems import PolicyError
 from autoscaler.policy.schema import export_schemas
@@ -33,6 +35,16 @@ DataDirOpt = Annotated[
     typer.Option(
         "--data-dir",
         help="Data files that replace DIR/data's of the same name (a deployment's policy.data_dir).",
+    ),
+]
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="autoscaler.yaml (env AUTOSCALER_CONFIG): warn of teams the data names that its teams: lack; "
+        "its policy.data_dir is the default --data-dir.",
     ),
 ]
 
@@ -55,14 +67,23 @@ def _engine(
 
 
 @policy_app.command("check")
-def check_cmd(directory: DirArg, package: PackageOpt = "autoscaler", data_dir: DataDirOpt = None) -> None:
+def check_cmd(
+    directory: DirArg, package: PackageOpt = "autoscaler", data_dir: DataDirOpt = None, config: ConfigOpt = None
+) -> None:
     """Compile the policies and flag what the engine would accept too leniently."""
+    settings = read_environment()
+    cfg = load_config(config, settings) if (config or settings.config) else None
+    if data_dir is None and cfg is not None and cfg.policy.data_dir:
+        data_dir = Path(cfg.policy.data_dir)  # the data the deployment loads
     bundle, engine = _engine(directory, package, with_cases=False, data_dir=data_dir)
     problems = check(bundle, engine)
     for p in problems:
         out.print(str(p), style="red")
     if problems:
         raise PolicyError(f"{len(problems)} problem(s) in {directory}")
+    # Warned, not refused: the data may serve other deployments too (docs/policies.md).
+    for note in undeclared_teams(bundle.data, bundle.sources, cfg.team_names()) if cfg is not None else []:
+        out.print(Text(f"warning: {note}", style="yellow"))
     out.print(f"ok: {len(bundle.modules)} module(s), revision {bundle.revision}")
 
 

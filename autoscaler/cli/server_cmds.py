@@ -9,6 +9,7 @@ import typer
 
 from autoscaler.cli import app
 from autoscaler.config import AutoscalerConfig, load_config, read_environment
+from autoscaler.errors import ConfigError
 from autoscaler.logging_setup import configure_logging
 
 # The server stack (FastAPI, SQLAlchemy, Alembic) is imported inside the commands that
@@ -32,6 +33,28 @@ def _load(
     if tls_upstream:
         server = server.model_copy(update={"tls_terminated_upstream": True})
     return cfg.model_copy(update={"server": server}), (home or settings.home)
+
+
+def _require_home(home: Path) -> None:
+    """The commands that work on an existing deployment (its database, its key file)
+    refuse a home that does not exist rather than make one: a mistyped --home would
+    otherwise get a new, empty deployment (`server`, `up` and `db upgrade` make it)."""
+    if not home.is_dir():
+        raise ConfigError(
+            f"home {home} does not exist: check --home (or AUTOSCALER_HOME); the server makes it at its first start"
+        )
+
+
+def _existing_key_dir(path: Path, home: Path) -> None:
+    """The key file's directory must exist: the home (see `_require_home`), or, for a
+    key file elsewhere (server.secret_key_file), its own directory."""
+    if path.is_relative_to(home):
+        _require_home(home)
+    elif not path.parent.is_dir():
+        raise ConfigError(
+            f"{path}: directory {path.parent} does not exist: check server.secret_key_file "
+            "(or AUTOSCALER_SECRET_KEY_FILE); the server makes it at its first start"
+        )
 
 
 Host = Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")]
@@ -118,7 +141,6 @@ def db_prune(config: ConfigOpt = None, home: Home = None) -> None:
     from sqlalchemy import inspect
     from sqlalchemy.exc import OperationalError
 
-    from autoscaler.errors import ConfigError
     from autoscaler.server import database_url
     from autoscaler.state.db import make_engine, session_factory, transaction
     from autoscaler.state.retention import prune
@@ -145,6 +167,8 @@ def db_downgrade(revision: str, config: ConfigOpt = None, home: Home = None) -> 
     from autoscaler.state.db import downgrade, make_engine
 
     cfg, home_dir = _load(config, home, None, None, False)
+    if cfg.database_url is None:  # the SQLite file in the home
+        _require_home(home_dir)
     downgrade(make_engine(database_url(cfg, home_dir)), revision)
     typer.echo(f"database at revision {revision}")
 
@@ -158,7 +182,8 @@ def key_rotate(config: ConfigOpt = None, home: Home = None) -> None:
 
     cfg, home_dir = _load(config, home, None, None, False)
     path = secret_key_path(cfg, home_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _existing_key_dir(path, home_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a key file in a directory under the home
     new, kept = rotate_key_file(path)
     typer.echo(
         f"{path}: new key {new} seals from the next server start" + (f"; kept {', '.join(kept)}" if kept else "")
@@ -171,10 +196,11 @@ def key_reseal(config: ConfigOpt = None, home: Home = None) -> None:
     """Seal every stored secret env again with the key file's first key, so the keys
     below it can be removed."""
     from autoscaler.auth.sealing import reseal_tasks
-    from autoscaler.server import database_url, load_secret_keys
+    from autoscaler.server import database_url, load_secret_keys, secret_key_path
     from autoscaler.state.db import make_engine, session_factory, transaction
 
     cfg, home_dir = _load(config, home, None, None, False)
+    _existing_key_dir(secret_key_path(cfg, home_dir), home_dir)
     keys = load_secret_keys(cfg, home_dir, create=False)
     with transaction(session_factory(make_engine(database_url(cfg, home_dir)))) as s:
         count, used = reseal_tasks(s, keys)

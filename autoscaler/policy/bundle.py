@@ -68,6 +68,9 @@ class PolicyBundle:
     data: dict[str, Any]
     revision: str
     cases: list[TestCase] = field(default_factory=list)
+    # Where each data document was read: name -> (the file as reported, its text), so
+    # a note about its content can name the file and line (`data_teams`).
+    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _read_structured(path: Path, rel: str, text: str | None = None) -> Any:
@@ -201,9 +204,11 @@ def load_cases(directory: Path, data: dict[str, Any] | None = None) -> list[Test
     return cases
 
 
-def _read_data(directory: Path, data_dir: Path, *, overlay: bool = True) -> dict[str, Any]:
+def _read_data(
+    directory: Path, data_dir: Path, *, overlay: bool = True, sources: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Any]:
     """The data files of `data_dir`, each checked against its schema (a schema of the
-    policy directory's, or a shipped one)."""
+    policy directory's, or a shipped one); `sources` gets each one's file and text."""
     data: dict[str, Any] = {}
     read: dict[str, tuple[str, str, Any]] = {}
     for path in _structured_files(data_dir):
@@ -217,6 +222,8 @@ def _read_data(directory: Path, data_dir: Path, *, overlay: bool = True) -> dict
         doc = _read_structured(path, rel, text)
         data[path.stem] = doc if doc is not None else {}
         read[path.stem] = (rel, text, data[path.stem])
+        if sources is not None:
+            sources[path.stem] = (rel, text)
     problems = validate_data(directory, read, overlay=overlay)
     if problems:
         raise PolicyError("policy data does not match its schema", problems)
@@ -238,20 +245,28 @@ def load_bundle(directory: Path, *, with_cases: bool = True, data_dir: Path | No
             raise PolicyError("cannot read policy", [Problem(rel, None, str(exc))]) from None
     if not modules:
         raise PolicyError(f"policy directory {directory} holds no *.rego files")
-    data = _read_data(directory, directory / "data", overlay=False)
+    sources: dict[str, tuple[str, str]] = {}
+    data = _read_data(directory, directory / "data", overlay=False, sources=sources)
     if data_dir is not None:
         if not Path(data_dir).is_dir():
             raise PolicyError(
                 f"policy data directory {data_dir} does not exist; set policy.data_dir to a directory of "
                 "data files (budgets.yaml, placement.yaml, priorities.yaml) or remove it"
             )
-        data.update(_read_data(directory, Path(data_dir)))
+        data.update(_read_data(directory, Path(data_dir), sources=sources))
     digest = hashlib.sha256()
     for rel, source in sorted(modules.items()):
         digest.update(rel.encode() + b"\0" + source.encode() + b"\0")
     digest.update(json.dumps(data, sort_keys=True, default=str).encode())
     cases = load_cases(directory, data) if with_cases else []
-    return PolicyBundle(directory=directory, modules=modules, data=data, revision=digest.hexdigest()[:16], cases=cases)
+    return PolicyBundle(
+        directory=directory,
+        modules=modules,
+        data=data,
+        revision=digest.hexdigest()[:16],
+        cases=cases,
+        sources=sources,
+    )
 
 
 def directory_fingerprint(directory: Path, *more: Path) -> str:

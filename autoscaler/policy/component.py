@@ -21,7 +21,8 @@ WATCH_INTERVAL_S = 5.0
 
 
 def policy_component(runtime: Runtime) -> None:
-    service = PolicyService(runtime.config.policy, clock=runtime.ctx.clock)
+    config = runtime.config
+    service = PolicyService(config.policy, clock=runtime.ctx.clock, teams=config.team_names())
     runtime.ctx.policy = service
 
     def watch() -> None:

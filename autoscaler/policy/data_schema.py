@@ -301,6 +301,11 @@ def _compose(text: str) -> yaml.Node | None:
         return None
 
 
+def key_line(text: str, path: Sequence[Any]) -> int | None:
+    """1-based line of the key at `path` in a data file's text (JSON is YAML too)."""
+    return _line_of(_compose(text), path)
+
+
 def _validator(schema: dict[str, Any]) -> Any:
     from jsonschema import Draft202012Validator, validators
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from autoscaler.config import PolicyConfig
 from autoscaler.errors import ConfigError
 from autoscaler.policy.bundle import directory_fingerprint, load_bundle, shipped_policy_dir
 from autoscaler.policy.cases import check_and_test
+from autoscaler.policy.data_teams import undeclared_teams
 from autoscaler.policy.engines import EmbeddedEngine, OpaEngine
 from autoscaler.policy.problems import PolicyError
 from autoscaler.policy.schema import EvaluationResult, PolicyInput
@@ -56,8 +58,19 @@ class PolicyService:
     simulation rather than a service. The long-running server always isolates.
     """
 
-    def __init__(self, config: PolicyConfig, *, clock: Clock | None = None, isolate: bool = True) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        *,
+        clock: Clock | None = None,
+        isolate: bool = True,
+        teams: Collection[str] | None = None,
+    ) -> None:
         self.config = config
+        # The config's team names (`default` included): each load warns in the log of a
+        # team the data names that is not among them (`data_teams`). None: not compared
+        # (the simulator's teams come from its trace).
+        self.teams = teams
         self.clock = clock or SystemClock()
         self.isolate = isolate
         self.directory = Path(config.dir) if config.dir else shipped_policy_dir()
@@ -125,6 +138,9 @@ class PolicyService:
         if not report.ok:
             engine.close()
             return ReloadOutcome(False, self._current_revision(), bundle.revision, report.summary()), None
+        if self.teams is not None:
+            for note in undeclared_teams(bundle.data, bundle.sources, self.teams):
+                log.warning("policy data (revision %s): %s", bundle.revision, note)
         return ReloadOutcome(True, bundle.revision, bundle.revision, report.summary(), len(report.results)), engine
 
     def _current_revision(self) -> str:

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autoscaler.config import AutoscalerConfig
+from autoscaler.errors import NotFound
 from autoscaler.queueing.states import ACTIVE, TaskState
 from autoscaler.state.models import QueueRow, Task
 
@@ -55,3 +56,17 @@ def queue_stats(session: Session, team: str | None = None) -> dict[str, QueueSta
 def visible_queues(session: Session, team: str | None) -> list[QueueRow]:
     rows = list(session.scalars(select(QueueRow).order_by(QueueRow.priority.desc(), QueueRow.name)))
     return [r for r in rows if team is None or not r.teams or team in r.teams]
+
+
+def known_queue(session: Session, name: str, *, team: str | None) -> QueueRow:
+    """The queue called `name`, or a NotFound naming the queues `team` may use (every
+    queue for None): enqueue and the task list's `queue` filter refuse a typo in the
+    same words, rather than queueing nowhere or listing nothing."""
+    row = session.get(QueueRow, name) if len(name) <= 64 else None
+    if row is None:
+        known = ", ".join(r.name for r in visible_queues(session, team)) or "none"
+        raise NotFound(
+            f"queue {name[:64]!r} does not exist (known: {known}): check the spelling, or list queues with "
+            "`autoscaler queues`"
+        )
+    return row

@@ -33,6 +33,7 @@ from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
 from autoscaler.lifecycle import RANK_ACTIVE, RANK_HOLDING, WORKER_LEASABLE, RankState, WorkerState
 from autoscaler.planner.runtime_estimate import RuntimePrior
 from autoscaler.queueing import gangs, runtime_history
+from autoscaler.queueing.queues import known_queue
 from autoscaler.queueing.states import ACTIVE, FINAL, TaskState, move_rank, move_worker, transition
 from autoscaler.state.lifecycle_log import note
 from autoscaler.state.models import (
@@ -180,9 +181,7 @@ def enqueue(
     that no pool of its queue could ever run is refused with the largest shape there.
     A spec with `secret_env` needs `secret_keys` (the values are sealed before the row
     is written, so no plaintext ever reaches the database)."""
-    queue = session.get(QueueRow, spec.queue)
-    if queue is None:
-        raise NotFound(f"queue {spec.queue!r} does not exist: list queues with `autoscaler queues`")
+    queue = known_queue(session, spec.queue, team=team)
     if queue.teams and team not in queue.teams:
         raise Forbidden(f"team {team!r} may not enqueue to queue {spec.queue!r} (allowed: {', '.join(queue.teams)})")
     if not spec.command:

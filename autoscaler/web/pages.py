@@ -28,6 +28,7 @@ from autoscaler.errors import AutoscalerError, InvalidInput
 from autoscaler.ledger import shared_pools
 from autoscaler.notify.deliver import delivery_rows
 from autoscaler.queueing import gangs, gpu_samples
+from autoscaler.queueing.queues import known_queue
 from autoscaler.queueing.states import TaskState
 from autoscaler.reports.budgets import team_budgets
 from autoscaler.reports.spend import TeamSpend, team_spend
@@ -201,6 +202,8 @@ def task_list(
         scope = _team_of(viewer)
         if scope is None and team:
             ctx.config.check_team(team)  # as the API and CLI do: a typo is said, not an empty list
+        if queue:
+            known_queue(s, queue, team=scope)  # the same for a queue
         rows = views.tasks(s, scope, queue=queue, state=state, team_filter=team, limit=n)
         return render(
             "tasks.html",

@@ -48,6 +48,12 @@ def test_login_errors_and_redirects(live_server: LiveServer, admin_token: str) -
         and "unknown team &#39;visoin&#39; (known: default, vision, nlp)" in unknown_team.text
     )
     assert http.get("/tasks?team=vision").status_code == 200
+    unknown_queue = http.get("/tasks?queue=gpuu")  # and a queue filter naming no queue
+    assert (
+        unknown_queue.status_code == 404
+        and "queue &#39;gpuu&#39; does not exist (known: gpu, cpu, vision-only)" in (unknown_queue.text)
+    )
+    assert http.get("/tasks?queue=vision-only").status_code == 200
     assert http.get("/decisions?limit=0").status_code == 422
     assert http.get("/charts?hours=x").status_code == 422
     assert http.get("/tasks/" + "z" * 300).status_code == 404

@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
 
 from autoscaler.api.deps import Auth, Ctx, tx
 from autoscaler.api.schemas import DecisionOut, InstanceOut, PoolOut
 from autoscaler.auth.tokens import Principal
+from autoscaler.config import AutoscalerConfig
 from autoscaler.errors import NotFound
 from autoscaler.lifecycle import INSTANCE_LISTED
 from autoscaler.reconciler.team_view import team_decision
@@ -67,12 +69,25 @@ def instances(
         if not principal.is_admin:
             stmt = stmt.where(Instance.team == principal.team)
         if pool:
+            _check_pool(s, ctx.config, pool)
             stmt = stmt.where(Instance.pool == pool)
         if state:
             stmt = stmt.where(Instance.state == state)
         elif not include_terminated:
             stmt = stmt.where(Instance.state.in_(LIVE_INSTANCE_STATES))
         return list(s.scalars(stmt))
+
+
+def _check_pool(session: Session, config: AutoscalerConfig, pool: str) -> None:
+    """Refuse a `pool` filter naming no pool: not in the config, and no instance ever
+    launched in it (a pool since removed from the config still lists its instances)."""
+    if config.pool(pool) is not None or session.scalar(select(exists().where(Instance.pool == pool))):
+        return
+    known = ", ".join(p.name for p in config.pools) or "none"
+    raise NotFound(
+        f"pool {pool[:64]!r} is not configured (known: {known}): check the spelling; pools come from "
+        "pools: in autoscaler.yaml (`autoscaler instances` without --pool lists every instance)"
+    )
 
 
 def _scoped(row: DecisionRecord, principal: Principal) -> DecisionOut:

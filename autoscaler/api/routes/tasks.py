@@ -31,6 +31,7 @@ from autoscaler.ledger.attempts import attempts_of, task_totals
 from autoscaler.queueing import gangs, gpu_samples
 from autoscaler.queueing import tasks as ops
 from autoscaler.queueing.capacity_view import capacity_for
+from autoscaler.queueing.queues import known_queue
 from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.queueing.states import TaskState
 from autoscaler.state.models import Task, TaskEvent
@@ -104,6 +105,7 @@ def list_tasks(
         if team:
             stmt = stmt.where(Task.team == team)
         if queue:
+            known_queue(s, queue, team=None if principal.is_admin else principal.team)  # a typo is said
             stmt = stmt.where(Task.queue == queue)
         if state:
             stmt = stmt.where(Task.state.in_([x.value for x in state]))
