@@ -156,6 +156,11 @@ def _room_for(item: _HasFree, unit: _Unit) -> bool:
 _Item = TypeVar("_Item", bound=_HasFree)
 
 
+def _held_back(unit: _Unit, machine: Machine | None) -> bool:
+    """`admission.right_size.held_back` for this unit on this machine while it is whole."""
+    return machine is not None and bool(machine.smaller) and right_size.held_back(unit.ask, machine.smaller)
+
+
 class _TypeMatch:
     """`gpu_type_matches` memoised for one plan: the same few (wish, offered) pairs are
     asked about once per task otherwise, and the check normalises strings each time."""
@@ -250,14 +255,7 @@ class _FreeIndex(Generic[_Item]):
             elif not gpu_machine or not type_ok(unit.gpu_type, offered):
                 continue
             # Items with all of the machine's GPUs free are the whole ones.
-            whole_free = (
-                machine.gpus
-                if right_sized
-                and machine is not None
-                and machine.smaller
-                and right_size.held_back(unit.ask, machine.smaller)
-                else -1
-            )
+            whole_free = machine.gpus if right_sized and machine is not None and _held_back(unit, machine) else -1
             found: int | None = None
             if sized:
                 # CPUs and memory are not indexed (few tasks ask for them): scan this
@@ -319,12 +317,7 @@ class _FreeIndex(Generic[_Item]):
                 continue
             if unit.gpus > 0 and not type_ok(unit.gpu_type, getattr(item, "gpu_type", None)):
                 continue
-            if (
-                right_sized
-                and machine is not None
-                and machine.smaller
-                and right_size.held_back(unit.ask, machine.smaller)
-            ):
+            if right_sized and _held_back(unit, machine):
                 continue
             if machine is not None and not admit(machine):
                 continue
