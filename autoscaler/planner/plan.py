@@ -255,7 +255,9 @@ class _FreeIndex(Generic[_Item]):
             elif not gpu_machine or not type_ok(unit.gpu_type, offered):
                 continue
             # Items with all of the machine's GPUs free are the whole ones.
-            whole_free = machine.gpus if right_sized and machine is not None and _held_back(unit, machine) else -1
+            whole_free = -1
+            if right_sized and machine is not None and machine.smaller and _held_back(unit, machine):
+                whole_free = machine.gpus
             found: int | None = None
             if sized:
                 # CPUs and memory are not indexed (few tasks ask for them): scan this
