@@ -12,7 +12,8 @@ The smaller machines are fixed when the machine is launched (`smaller_than`): th
 offerings of its pool with its capacity type and GPU type and fewer GPUs, that could be
 launched then, less those its own first task (the bin's largest) fits, so a machine
 always takes the work it was bought for. A machine we do not pay by the hour (static,
-Slurm, a pool minimum) has none, and neither has one in a pool at its max (the planner
+an offering priced 0 such as a Slurm partition's) or did not buy for a task (a pool
+minimum) has none, and neither has one in a pool at its max (the planner
 lifts the rule there: no smaller machine can be bought, so waiting would only idle it).
 CPU-only work is never held back: no GPU machine is ever bought for it.
 """
@@ -49,6 +50,8 @@ class _Offering(Protocol):
     def capacity_type(self) -> str: ...
     @property
     def gpu_type(self) -> str | None: ...
+    @property
+    def hourly_price(self) -> float: ...
 
 
 def held_back(need: Need, smaller: Sequence[Size]) -> bool:
@@ -60,8 +63,8 @@ def held_back(need: Need, smaller: Sequence[Size]) -> bool:
 def smaller_than(machine: _Offering, offerings: Iterable[_Offering], opener: Need) -> tuple[Size, ...]:
     """The smaller machines to record for a new `machine` launched for `opener` (its
     largest task), from the pool's launchable `offerings`. Sorted and deduplicated."""
-    if machine.gpus <= 0 or opener.gpus <= 0:
-        return ()
+    if machine.gpus <= 0 or opener.gpus <= 0 or machine.hourly_price <= 0:
+        return ()  # a GPU-less machine, CPU-only work, or one we do not pay by the hour
     sizes = {
         Size(o.gpus, float(o.cpus), o.memory_mb)
         for o in offerings

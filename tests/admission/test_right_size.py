@@ -56,6 +56,8 @@ def test_smaller_machines_are_the_pools_smaller_ones_its_first_task_does_not_fit
     # The smallest machine, a CPU-only task, a GPU-less machine: no rule.
     assert smaller_than(one, pool_offerings, Need(1)) == ()
     assert smaller_than(eight, pool_offerings, Need(0)) == ()
+    # Capacity we do not pay by the hour (a Slurm node priced 0) costs nothing held.
+    assert smaller_than(replace(eight, hourly_price=0.0), pool_offerings, Need(8)) == ()
 
 
 def test_held_back_is_gpu_work_that_a_smaller_machine_fits() -> None:
