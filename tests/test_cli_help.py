@@ -57,3 +57,5 @@ def test_every_option_name_is_whole_at_80_columns(path: list[str], command: Any)
         # Whole: followed by a space, a comma or the table's edge, not by "…" or more of a name.
         assert re.search(rf"(?<![\w-]){re.escape(name)}(?=[ ,│])", r.output), f"{name} is cut:\n{r.output}"
     assert not re.search(r"--[\w-]*…", r.output), r.output
+    # Nor any word of the help text (`(capacity.wait_targ…`, a key too long to wrap).
+    assert "…" not in r.output, r.output

@@ -106,6 +106,9 @@ def _keep_option_names_whole() -> None:
         if base is not Table:  # already installed, or a typer whose help is laid out otherwise
             return
 
+        from rich.columns import Columns
+        from rich.text import Text
+
         class OptionsTable(Table):
             def add_row(self, *renderables: Any, **kwargs: Any) -> None:
                 # Only typer's options table arrives with no columns (its commands
@@ -113,6 +116,18 @@ def _keep_option_names_whole() -> None:
                 if not self.columns and len(renderables) > 2:
                     for _ in renderables[:-2]:
                         self.add_column(no_wrap=True)
+                    self.add_column()
+                    self.add_column(overflow="fold")
+                cell = renderables[-1] if renderables else None
+                items = list(cell.renderables) if isinstance(cell, Columns) else []
+                parts = [r for r in items if isinstance(r, Text)]
+                if parts and len(parts) == len(items):
+                    # typer lays the help's parts out as rich Columns, whose own grid
+                    # cuts a word too long for the cell (an env var's name, a default
+                    # path) with "…"; as one text it folds onto the next line instead.
+                    joined = Text(" ").join(parts)
+                    joined.overflow = "fold"
+                    renderables = (*renderables[:-1], joined)
                 super().add_row(*renderables, **kwargs)
 
         rich_utils.Table = OptionsTable  # type: ignore[attr-defined]

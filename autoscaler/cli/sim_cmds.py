@@ -71,7 +71,7 @@ def simulate(
             "--wait-target",
             callback=finite,
             min=0.1,
-            help="What-if: minutes of accumulated wait a task may spend (capacity.wait_target_s); spot that would pass it gives way to on-demand. Default: the config's (off).",
+            help="What-if: minutes of accumulated wait a task may spend; spot that would pass it gives way to on-demand. Default: the config's wait target (off; docs/capacity.md).",
         ),
     ] = None,
 ) -> None:
