@@ -74,6 +74,15 @@ def simulate(
             help="What-if: minutes of accumulated wait a task may spend; spot that would pass it gives way to on-demand. Default: the config's wait target (off; docs/capacity.md).",
         ),
     ] = None,
+    idle_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--idle-timeout",
+            callback=finite,
+            min=1,
+            help="What-if: seconds an idle machine is kept warm for the next task, in every pool (the config's idle_timeout_s; default 300).",
+        ),
+    ] = None,
 ) -> None:
     """Replay a GPU cluster trace through the real planner, policy and reconciler."""
     from autoscaler.config import load_config
@@ -98,6 +107,9 @@ def simulate(
     if wait_target is not None:
         capacity = cfg.capacity.model_copy(update={"wait_target_s": wait_target * 60.0})
         cfg = cfg.model_copy(update={"capacity": capacity})
+    if idle_timeout is not None:
+        pools = [p.model_copy(update={"idle_timeout_s": idle_timeout}) for p in cfg.pools]
+        cfg = cfg.model_copy(update={"pools": pools})
     from autoscaler.sim.baselines import too_wide
 
     if wide := too_wide(wl, cfg):

@@ -69,6 +69,11 @@ def estimate(lives: Iterable[SpotLife], prior: ReclaimPrior) -> ReclaimEstimate:
         w = 0.5 ** (max(life.age_h, 0.0) / prior.half_life_h) if prior.half_life_h > 0 else 1.0
         hours += w * max(life.hours, 0.0)
         reclaims += w * (1.0 if life.reclaimed else 0.0)
+    return posterior(hours, reclaims, prior)
+
+
+def posterior(hours: float, reclaims: float, prior: ReclaimPrior) -> ReclaimEstimate:
+    """The posterior after `reclaims` in `hours` of (already decayed) evidence."""
     shape = max(prior.rate, 0.0) * max(prior.hours, 0.0) + reclaims
     scale = max(prior.hours, 0.0) + hours
     if scale <= 0.0:

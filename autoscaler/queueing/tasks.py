@@ -26,7 +26,6 @@ from autoscaler.admission.gate import Machine, added_spend, gang_limits, largest
 from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
-from autoscaler.admission.right_size import Size
 from autoscaler.admission.shapes import Catalog
 from autoscaler.auth.sealing import SecretKeys
 from autoscaler.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -638,7 +637,7 @@ def _choose(
     return None
 
 
-def _not_held_back(smaller: Sequence[Size]) -> ColumnElement[bool]:
+def _not_held_back(smaller: Sequence[right_size.Size]) -> ColumnElement[bool]:
     """The query's form of `right_size.held_back`, negated: CPU-only work, or GPU work
     that none of the pool's smaller machines fits."""
     fits_one = [and_(Task.gpus <= s.gpus, Task.cpus <= s.cpus + 1e-9, Task.memory_mb <= s.memory_mb) for s in smaller]

@@ -50,7 +50,7 @@ from autoscaler.admission.model import admissions
 from autoscaler.clock import Clock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.errors import Conflict
-from autoscaler.ledger.reclaims import reclaim_rates
+from autoscaler.ledger.reclaims import ReclaimEvidence, reclaim_prior
 from autoscaler.ledger.spend import shared_pools
 from autoscaler.lifecycle import INSTANCE_FINAL, WORKER_LEASABLE, WORKER_LIVE
 from autoscaler.planner import Plan, plan
@@ -179,6 +179,7 @@ class Reconciler:
         self._last_accrual: datetime | None = None
         self._reclaim: dict[str, ReclaimEstimate] = {}
         self._reclaim_at: datetime | None = None
+        self._evidence: ReclaimEvidence | None = None
         # Where provider calls run: at once in this thread (the default: the simulator and
         # most tests), or on bounded thread pools reporting back (`autoscaler up`).
         self.executor: Executor = executor or SyncExecutor()
@@ -273,11 +274,13 @@ class Reconciler:
             cap = self.config.capacity
             if not cap.enabled:
                 return snap
-            # Reclaim evidence changes slowly (it decays over days): re-read it every
-            # RECLAIM_REFRESH_S, not every cycle, so a large fleet's history costs one
-            # query per few minutes.
+            # Reclaim evidence changes slowly (it decays over days): refresh it every
+            # RECLAIM_REFRESH_S, not every cycle; each refresh reads the live spot fleet
+            # and what ended since the last one, not history.
             if self._reclaim_at is None or (now - self._reclaim_at).total_seconds() >= RECLAIM_REFRESH_S:
-                self._reclaim = reclaim_rates(s, cap, now=now)
+                if self._evidence is None or self._evidence.prior != reclaim_prior(cap):  # new config
+                    self._evidence = ReclaimEvidence(reclaim_prior(cap))
+                self._reclaim = self._evidence.refresh(s, now)
                 self._reclaim_at = now
         model = CapacityModel(
             {k: e.rate for k, e in self._reclaim.items()},

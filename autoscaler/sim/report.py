@@ -32,6 +32,12 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
             "pools": [p.name for p in cfg.pools],
             # Only when set (`--wait-target`), so a default run's report is as before.
             **({"wait_target_s": cfg.capacity.wait_target_s} if cfg.capacity.wait_target_s is not None else {}),
+            # Likewise only when a pool keeps idle machines other than the default 300 s.
+            **(
+                {"idle_timeout_s": sorted({p.idle_timeout_s for p in cfg.pools})}
+                if any(p.idle_timeout_s != 300.0 for p in cfg.pools)
+                else {}
+            ),
         },
         "simulation": {
             "wall_s": round(outcome.wall_s, 2),
