@@ -141,10 +141,12 @@ class ReclaimEvidence:
             self._rebase(now)
         ended_since = since if self._last is None else max(since, self._last - _LATE_WRITE)
         live: dict[str, float] = defaultdict(float)
+        live_reclaims: dict[str, float] = defaultdict(float)  # reclaimed, not yet terminated
         for iid, itype, zone, start, end, was_reclaimed in _spot_rows(session, ended_since):
             key = offering_key(SPOT, itype, zone)
             if end is None or end > now:
                 live[key] += max((min(end or now, now) - start).total_seconds(), 0.0) / 3600.0
+                live_reclaims[key] += 1.0 if was_reclaimed else 0.0
             elif iid not in self._counted:
                 self._fold(iid, key, start, end, bool(was_reclaimed))
         self._forget(since)
@@ -153,7 +155,9 @@ class ReclaimEvidence:
         decay = 1.0 / self._weight(now)
         return {
             key: posterior(
-                self._hours.get(key, 0.0) * decay + live.get(key, 0.0), self._reclaims.get(key, 0.0) * decay, self.prior
+                self._hours.get(key, 0.0) * decay + live.get(key, 0.0),
+                self._reclaims.get(key, 0.0) * decay + live_reclaims.get(key, 0.0),
+                self.prior,
             )
             for key in sorted(set(self._lives) | set(live))
         }

@@ -90,11 +90,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from autoscaler.ledger.reclaims import ReclaimEvidence, reclaim_prior  # noqa: E402
 
-# One step of a history: after `dt_h` hours, either launch a spot instance in a zone,
-# end one (reclaimed or not), or refresh the loop's copy and compare it with a full read.
+# One step of a history: after `dt_h` hours, launch a spot instance in a zone, give one
+# a spot notice (reclaimed, still running), end one (reclaimed or not), or refresh the
+# loop's copy and compare it with a full read.
 _STEP = st.tuples(
     st.floats(min_value=0.0, max_value=30.0),
-    st.sampled_from(["launch", "end", "reclaim", "refresh"]),
+    st.sampled_from(["launch", "end", "notice", "reclaim", "refresh"]),
     st.sampled_from(["z1", "z2", "z3"]),
 )
 
@@ -125,6 +126,12 @@ def test_the_loops_running_copy_matches_a_full_read(sessions, clock: ManualClock
         with transaction(sessions) as s:
             if action == "launch":
                 running.append(_spot(s, clock, hours=0.0, ended_h_ago=None, reclaimed=False, zone=zone))
+            elif action == "notice" and running:  # reclaimed, not yet terminated: already evidence
+                s.add(
+                    InstanceEvent(
+                        instance_id=running[-1], at=now, from_state="ready", to_state="preempted", reason="spot"
+                    )
+                )
             elif action in ("end", "reclaim") and running:
                 inst = s.get(Instance, running.pop(0))
                 # written late: the termination is dated a little before this write
