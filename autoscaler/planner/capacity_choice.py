@@ -28,6 +28,14 @@ target `W` when the chance that the wait passes `W` is above `WAIT_MISS_SHARE` (
 `P(N > n) > 5 %`. A task cheaper on spot that would miss the target there goes
 on-demand (one boot, never reclaimed), unless on-demand misses it too (`b > W`); a
 calmer spot zone that keeps the target goes before a cheaper one that misses it.
+
+Trying a zone: within a capacity type the offering is ranked by its expected cost at the
+*optimistic* reclaim rate (one standard deviation below the estimate,
+`ReclaimEstimate.optimistic`), among the offerings whose expected cost at the estimate
+is within `EXPLORE_PREMIUM` of the least. A zone with little evidence is tried by the
+tasks for which a wrong guess costs little (short tasks, tasks that checkpoint), never
+by a long task that restarts from zero. Whether spot or on-demand wins is decided on the
+estimates alone.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from typing import Literal
 SPOT, ON_DEMAND = "spot", "on_demand"
 # The share of tasks a p95 wait target lets wait longer than it.
 WAIT_MISS_SHARE = 0.05
+# How much more than the least expected cost a task may be placed at to try a zone.
+EXPLORE_PREMIUM = 0.05
 CheckpointMode = Literal["none", "on-signal", "every"]
 
 
@@ -110,9 +120,26 @@ class CapacityModel:
     boot_h: float = 0.05
     wait_target_h: float | None = None
     default_runtime_h: float = 1.0
+    # The rates offerings are ranked by (module docstring, "Trying a zone"); without
+    # them an offering is ranked by its estimate.
+    optimistic_rates: Mapping[str, float] = field(default_factory=dict)
+    prior_optimistic_rate: float | None = None
 
     def rate(self, key: str) -> float:
         return self.reclaim_rates.get(key, self.prior_rate)
+
+    def optimistic_rate(self, key: str) -> float:
+        if key in self.optimistic_rates:
+            return self.optimistic_rates[key]
+        if key in self.reclaim_rates or self.prior_optimistic_rate is None:
+            return self.rate(key)
+        return self.prior_optimistic_rate
+
+    def option(self, key: str, capacity_type: str, hourly_price: float) -> Option:
+        """One offering as the choice weighs it (on-demand is never reclaimed)."""
+        if capacity_type != SPOT:
+            return Option(key, capacity_type, hourly_price)
+        return Option(key, capacity_type, hourly_price, self.rate(key), self.optimistic_rate(key))
 
     def profile(self, runtime_h: float | None, checkpoints: str | None, reclaims_so_far: int = 0) -> TaskProfile:
         spec = Checkpointing.parse(checkpoints) if checkpoints else Checkpointing()
@@ -129,6 +156,7 @@ class Option:
     capacity_type: str
     hourly_price: float
     reclaim_rate: float = 0.0
+    optimistic_rate: float | None = None  # None: ranked by `reclaim_rate`
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +167,8 @@ class Costed:
     misses_wait_target: bool
     # The chance the task's accumulated wait passes its target here (0 without one).
     wait_miss_chance: float = 0.0
+    # The expected cost at the option's optimistic rate (None: the same as expected_cost).
+    optimistic_cost: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +186,17 @@ class Choice:
 
 
 def expected_cost(option: Option, profile: TaskProfile, *, boot_h: float) -> Costed:
-    """The task's expected cost on one option (formulas in the module docstring)."""
+    """The task's expected cost on one option (formulas in the module docstring), and
+    at its optimistic rate when it has one below its estimate."""
+    costed = _expected_cost(option, profile, boot_h=boot_h)
+    opt = option.optimistic_rate
+    if option.capacity_type != SPOT or opt is None or opt >= option.reclaim_rate:
+        return costed
+    hopeful = _expected_cost(replace(option, reclaim_rate=opt), profile, boot_h=boot_h)
+    return replace(costed, optimistic_cost=hopeful.expected_cost)
+
+
+def _expected_cost(option: Option, profile: TaskProfile, *, boot_h: float) -> Costed:
     d, p, b = max(profile.runtime_h, 0.0), option.hourly_price, max(boot_h, 0.0)
     r = option.reclaim_rate if option.capacity_type == SPOT else 0.0
     if r <= 1e-12:
@@ -217,10 +257,47 @@ def choose(options: Iterable[Option], profile: TaskProfile, allowed: Collection[
     """The capacity type with the least expected cost among `allowed`; spot on a tie
     (it is also the pool's default order). Options of other types are never picked.
     Within a type an option that keeps the wait target goes before one that misses it;
-    spot cheaper than on-demand but missing the target loses to an on-demand that keeps it."""
+    spot cheaper than on-demand but missing the target loses to an on-demand that keeps it.
+    Where spot wins, `best_spot` is the offering `ranks` puts first (it may be one being
+    tried; the reason says so)."""
     costed = [expected_cost(o, profile, boot_h=boot_h) for o in options if o.capacity_type in allowed]
-    spot = min((c for c in costed if c.option.capacity_type == SPOT), key=_rank_key, default=None)
-    od = min((c for c in costed if c.option.capacity_type == ON_DEMAND), key=_rank_key, default=None)
+    order = ranks(costed)
+    spot = min((c for c in costed if c.option.capacity_type == SPOT), key=_value_key, default=None)
+    od = min((c for c in costed if c.option.capacity_type == ON_DEMAND), key=_value_key, default=None)
+    tried = min((c for c in costed if c.option.capacity_type == SPOT), key=lambda c: order[c.option.key], default=None)
+    choice = _choose(spot, od, profile, allowed, boot_h)
+    if choice.capacity_type != SPOT or tried is None or spot is None or tried.option.key == spot.option.key:
+        return choice
+    # Spot won on the best estimate; the offering tried (`ranks`) is where it goes.
+    words = (
+        f"; trying {tried.option.key} (reclaim rate {tried.option.reclaim_rate:.3g}/h on its evidence, "
+        f"{tried.option.optimistic_rate or 0.0:.3g}/h optimistic; expected {tried.expected_cost:.2f} USD, within "
+        f"{EXPLORE_PREMIUM:.0%} of {spot.option.key})"
+    )
+    return replace(choice, best_spot=tried, reason=choice.reason + words)
+
+
+def ranks(costed: Iterable[Costed]) -> dict[str, tuple[bool, bool, float, float, float, str]]:
+    """The order of offerings within each capacity type, by key (smaller first): those
+    that keep the wait target first; among them, those within `EXPLORE_PREMIUM` of the
+    least expected cost by their optimistic cost, then the rest by expected cost."""
+    by_type: dict[str, list[Costed]] = {}
+    for c in costed:
+        by_type.setdefault(c.option.capacity_type, []).append(c)
+    out: dict[str, tuple[bool, bool, float, float, float, str]] = {}
+    for group in by_type.values():
+        best = min(group, key=_value_key)
+        ceiling = best.expected_cost * (1.0 + EXPLORE_PREMIUM) + 1e-12
+        for c in group:
+            near = c.misses_wait_target == best.misses_wait_target and c.expected_cost <= ceiling
+            cost = c.optimistic_cost if near and c.optimistic_cost is not None else c.expected_cost
+            out[c.option.key] = (c.misses_wait_target, not near, cost, *_value_key(c)[1:])
+    return out
+
+
+def _choose(
+    spot: Costed | None, od: Costed | None, profile: TaskProfile, allowed: Collection[str], boot_h: float
+) -> Choice:
     what = f"~{profile.runtime_h:.2g} h, checkpoints {profile.checkpointing}"
     if spot is None and od is None:
         if not allowed:  # the policy's types and the pools' have none in common
@@ -260,5 +337,5 @@ def _wait_words(spot: Costed, profile: TaskProfile, boot_h: float) -> str:
     )
 
 
-def _rank_key(c: Costed) -> tuple[bool, float, float, str]:
+def _value_key(c: Costed) -> tuple[bool, float, float, str]:
     return (c.misses_wait_target, c.expected_cost, c.option.hourly_price, c.option.key)

@@ -37,7 +37,7 @@ from autoscaler.admission.model import TeamAdmission, from_decision
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
-from autoscaler.planner.capacity_choice import CapacityModel, Option, choose, expected_cost
+from autoscaler.planner.capacity_choice import CapacityModel, Option, choose, expected_cost, ranks
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -1481,14 +1481,15 @@ def _by_expected_cost(
     options: dict[str, Option] = {}
     for _, _, o in ranked:
         useful = min(o.gpus, useful_cap) if o.gpus else 1
-        options[o.key] = Option(o.key, o.capacity_type, o.hourly_price / max(useful, 1), capacity.rate(o.key))
+        options[o.key] = capacity.option(o.key, o.capacity_type, o.hourly_price / max(useful, 1))
     allowed = set(td.allowed_capacity_types) & set(pool.capacity_types)
     choice = choose(options.values(), profile, allowed, boot_h=capacity.boot_h)
+    order = ranks(expected_cost(opt, profile, boot_h=capacity.boot_h) for opt in options.values())
     out: _Ranked = []
     for key, i, o in ranked:
-        costed = expected_cost(options[o.key], profile, boot_h=capacity.boot_h)
         escalated = key[0] if profile.checkpointing.restarts_from_zero else 0
-        # Within the chosen type, an offering that keeps the wait target goes first.
+        # Within the chosen type, as `choose` ranks it: an offering that keeps the wait
+        # target first, then the least expected cost (or a zone being tried).
         first = int(o.capacity_type != choice.capacity_type)
-        out.append(((escalated, first, int(costed.misses_wait_target), costed.expected_cost, *key[1:]), i, o))
+        out.append(((escalated, first, *order[o.key], *key[1:]), i, o))
     return out, choice.reason

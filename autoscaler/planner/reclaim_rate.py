@@ -12,6 +12,11 @@ Old evidence decays: an observation that ended `a` hours ago counts with weight
 `0.5 ** (a / half_life_h)` in both `k` and `h`, so a zone that got worse shows it
 within a few half-lives while one bad hour never swamps a month of history.
 
+The planner ranks offerings of one capacity type by the *optimistic* rate, one standard
+deviation below the mean: a zone never tried (the prior alone, a wide deviation) goes
+before one whose evidence shows it is only somewhat better than the prior, so the fleet
+learns which zone is calm instead of staying in the first one it tried.
+
 How much evidence it takes (docs/capacity.md): the relative error of the estimate is
 about `1 / sqrt(k)`, so within 20 % once an offering has seen ~250 reclaims (three
 standard deviations of 1/sqrt(250) = 6.3 %). At 0.24 reclaims per hour that is ~1,040
@@ -52,6 +57,13 @@ class ReclaimEstimate:
     sd: float  # its standard deviation
     hours: float  # instance-hours of evidence, after decay
     reclaims: float  # reclaims, after decay
+
+    @property
+    def optimistic(self) -> float:
+        """One standard deviation below the mean (never below 0): the rate an offering
+        is ranked by among offerings of one capacity type, so one with little evidence
+        gets tried (docs/capacity.md, "Trying a zone")."""
+        return max(self.rate - self.sd, 0.0) if math.isfinite(self.sd) else 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {

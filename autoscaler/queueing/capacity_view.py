@@ -9,18 +9,34 @@ capacity types the team's last admission allows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from autoscaler.admission import store as admission_store
-from autoscaler.config import AutoscalerConfig
-from autoscaler.ledger.reclaims import offering_key, reclaim_rates
+from autoscaler.config import AutoscalerConfig, CapacityConfig
+from autoscaler.ledger.reclaims import offering_key, reclaim_prior, reclaim_rates
 from autoscaler.planner.capacity_choice import CapacityModel, Option, choose
+from autoscaler.planner.reclaim_rate import ReclaimEstimate, posterior
 from autoscaler.planner.runtime_estimate import estimate
 from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.state.models import QueueRow, Task
+
+
+def capacity_model(cap: CapacityConfig, found: Mapping[str, ReclaimEstimate]) -> CapacityModel:
+    """The planner's capacity model from the config and the offerings' reclaim estimates
+    (the reconcile loop's and `task why`'s, one construction)."""
+    return CapacityModel(
+        {k: e.rate for k, e in found.items()},
+        cap.reclaim_prior_per_hour,
+        cap.boot_s / 3600.0,
+        cap.wait_target_s / 3600.0 if cap.wait_target_s else None,
+        estimate([], runtime_prior(cap)).mean_h,
+        {k: e.optimistic for k, e in found.items()},
+        posterior(0.0, 0.0, reclaim_prior(cap)).optimistic,
+    )
 
 
 def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now: datetime) -> dict[str, Any] | None:
@@ -31,14 +47,7 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
         return None
     queue = session.get(QueueRow, task.queue)
     pools = {p.name: p for p in config.pools}
-    found = reclaim_rates(session, cap, now=now)
-    model = CapacityModel(
-        {k: e.rate for k, e in found.items()},
-        cap.reclaim_prior_per_hour,
-        cap.boot_s / 3600.0,
-        cap.wait_target_s / 3600.0 if cap.wait_target_s else None,
-        estimate([], runtime_prior(cap)).mean_h,
-    )
+    model = capacity_model(cap, reclaim_rates(session, cap, now=now))
     options: list[Option] = []
     allowed_by_pools: set[str] = set()
     for name in (queue.pools or []) if queue is not None else []:
@@ -56,7 +65,7 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
                 zones: list[str | None] = list(pool.zones) or [None]
                 for zone in zones:
                     key = offering_key(ct, it.name, zone)
-                    options.append(Option(key, ct, price * per, model.rate(key) if ct == "spot" else 0.0))
+                    options.append(model.option(key, ct, price * per))
     if not options:
         return None
     table = admission_store.load(session)

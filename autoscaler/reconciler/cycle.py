@@ -54,12 +54,10 @@ from autoscaler.ledger.reclaims import ReclaimEvidence, reclaim_prior
 from autoscaler.ledger.spend import shared_pools
 from autoscaler.lifecycle import INSTANCE_FINAL, WORKER_LEASABLE, WORKER_LIVE
 from autoscaler.planner import Plan, plan
-from autoscaler.planner.capacity_choice import CapacityModel
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.planner.reclaim_rate import ReclaimEstimate
-from autoscaler.planner.runtime_estimate import estimate as runtime_estimate
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
-from autoscaler.queueing.runtime_history import runtime_prior
+from autoscaler.queueing.capacity_view import capacity_model
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expel_impostors, expire_silent_workers, interruption_notice
 from autoscaler.reconciler import sync
@@ -282,14 +280,7 @@ class Reconciler:
                     self._evidence = ReclaimEvidence(reclaim_prior(cap))
                 self._reclaim = self._evidence.refresh(s, now)
                 self._reclaim_at = now
-        model = CapacityModel(
-            {k: e.rate for k, e in self._reclaim.items()},
-            cap.reclaim_prior_per_hour,
-            cap.boot_s / 3600.0,
-            cap.wait_target_s / 3600.0 if cap.wait_target_s else None,
-            runtime_estimate([], runtime_prior(cap)).mean_h,  # a task from before estimates
-        )
-        return replace(snap, reclaim=dict(self._reclaim), capacity=model)
+        return replace(snap, reclaim=dict(self._reclaim), capacity=capacity_model(cap, self._reclaim))
 
     def evaluate(self, snap: Snapshot) -> EvaluationResult:
         pin = _with_static_capacity(policy_input(snap, self.config), snap)

@@ -3,13 +3,16 @@ cases, the wait target, and a property that it never leaves what the policy allo
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.planner.capacity_choice import (
+    EXPLORE_PREMIUM,
     ON_DEMAND,
     SPOT,
     Checkpointing,
@@ -18,6 +21,7 @@ from autoscaler.planner.capacity_choice import (
     choose,
     expected_cost,
 )
+from autoscaler.planner.reclaim_rate import ReclaimPrior, posterior
 
 # A V100 machine as the simulator prices it: 3.06 USD/h on-demand, 0.918 spot.
 OD = Option("on_demand/p3.2xlarge/a", ON_DEMAND, 3.06)
@@ -229,3 +233,94 @@ def test_no_allowed_type_at_all_says_so_rather_than_listing_nothing() -> None:
     assert c.capacity_type is None
     assert c.reason == "no offering: the policy allows none of the capacity types the pools offer"
     assert choose([OD], TaskProfile(1.0), {SPOT}, boot_h=0.0).reason == "no offering of an allowed capacity type (spot)"
+
+
+# Trying a zone (module docstring): zone a has evidence (0.16/h, optimistic 0.147/h),
+# zone b only the prior (0.24/h, optimistic 0.24 - sqrt(0.24 x 20) / 20 = 0.1305/h).
+TRIED_A = Option("spot/p3.2xlarge/a", SPOT, 0.918, 0.16, 0.147)
+UNTRIED_B = Option("spot/p3.2xlarge/b", SPOT, 0.918, 0.24, 0.1305)
+
+
+def test_a_zone_never_tried_is_tried_by_a_task_that_checkpoints() -> None:
+    # 30 h on the notice, boot 0.05 h: a 0.918 x (0.05 + 30 / (1 - 0.16 x 0.05)) = 27.8080,
+    # b 0.918 x (0.05 + 30 / (1 - 0.24 x 0.05)) = 27.9204 (0.40 % more: within 5 %);
+    # optimistic (0.147, 0.1305): a 27.7898, b 27.7668, so b is tried. Spot won on a's 27.81.
+    c = choose([TRIED_A, UNTRIED_B, OD], TaskProfile(30.0, ON_SIGNAL), BOTH, boot_h=0.05)
+    assert c.capacity_type == SPOT
+    assert c.best_spot is not None and c.best_spot.option is UNTRIED_B
+    assert c.best_spot.expected_cost == pytest.approx(27.9204, abs=1e-4)
+    assert c.best_spot.optimistic_cost == pytest.approx(27.7668, abs=1e-4)
+    assert "spot: expected spot 27.81 USD" in c.reason
+    assert "trying spot/p3.2xlarge/b" in c.reason and "within 5% of spot/p3.2xlarge/a" in c.reason
+
+
+def test_a_long_task_that_restarts_from_zero_never_tries_a_zone() -> None:
+    # 6 h from zero: a 0.918 x (e^0.96 - 1) / 0.16 = 9.25 USD, b 0.918 x (e^1.44 - 1) / 0.24
+    # = 12.32 (33 % more): b is not near enough to try, whatever its optimistic rate.
+    c = choose([TRIED_A, UNTRIED_B, OD], TaskProfile(6.0), BOTH, boot_h=0.0)
+    assert c.best_spot is not None and c.best_spot.option is TRIED_A
+    assert "trying" not in c.reason
+
+
+def test_trying_a_zone_never_turns_on_demand_into_spot() -> None:
+    # 30 h from zero at 0.24/h: spot 5,119.5 USD on the estimate against on-demand 91.8
+    # (the case above); an optimistic rate of 0 on the untried zone (spot 27.54 if it held)
+    # does not change that: the type is decided on the estimate.
+    hopeful = Option("spot/p3.2xlarge/b", SPOT, 0.918, 0.24, 0.0)
+    c = choose([hopeful, OD], TaskProfile(30.0), BOTH, boot_h=0.0)
+    assert c.capacity_type == ON_DEMAND and c.best_spot is not None and c.best_spot.option is hopeful
+    assert "trying" not in c.reason
+
+
+_explored = st.lists(
+    st.builds(
+        Option,
+        key=st.sampled_from(["spot/x/a", "spot/x/b", "spot/x/c", "on_demand/x/a"]),
+        capacity_type=_types,
+        hourly_price=st.floats(0.0, 100.0),
+        reclaim_rate=st.floats(0.0, 5.0),
+        optimistic_rate=st.none() | st.floats(0.0, 5.0),
+    ),
+    max_size=6,
+    unique_by=lambda o: o.key,
+)
+
+
+@given(_explored, _profiles, st.sets(_types), st.floats(0.0, 1.0))
+def test_trying_a_zone_changes_neither_the_type_nor_the_cost_by_more_than_the_premium(
+    options: list[Option], profile: TaskProfile, allowed: set[str], boot_h: float
+) -> None:
+    c = choose(options, profile, allowed, boot_h=boot_h)
+    plain = choose([dataclasses.replace(o, optimistic_rate=None) for o in options], profile, allowed, boot_h=boot_h)
+    assert c.capacity_type == plain.capacity_type
+    assert (c.best_on_demand is None) == (plain.best_on_demand is None)
+    if c.capacity_type == SPOT:
+        assert c.best_spot is not None and plain.best_spot is not None
+        assert c.best_spot.misses_wait_target == plain.best_spot.misses_wait_target
+        assert c.best_spot.expected_cost <= plain.best_spot.expected_cost * (1 + EXPLORE_PREMIUM) + 1e-9
+
+
+def test_with_optimism_the_fleet_learns_the_calm_zone_and_without_it_stays_in_the_first() -> None:
+    """Three zones at equal price, true rates 0.16, 0.10, 0.15 (the default world's AWS
+    zones), the 0.24/h prior worth 20 h: one-hour checkpointing tasks placed one after
+    another, each adding its hour and its (seeded) reclaims to its zone's evidence."""
+    prior = ReclaimPrior(0.24, 20.0, 0.0)
+    true = {"spot/x/a": 0.16, "spot/x/b": 0.10, "spot/x/c": 0.15}
+
+    def run(optimism: bool) -> dict[str, int]:
+        rng = random.Random(7)
+        hours = dict.fromkeys(true, 0.0)
+        reclaims = dict.fromkeys(true, 0.0)
+        used = dict.fromkeys(true, 0)
+        for i in range(4000):
+            est = {k: posterior(hours[k], reclaims[k], prior) for k in true}
+            options = [Option(k, SPOT, 0.918, e.rate, e.optimistic if optimism else None) for k, e in est.items()]
+            key = choose(options, TaskProfile(1.0, ON_SIGNAL), {SPOT}, boot_h=0.05).best_spot.option.key  # type: ignore[union-attr]
+            hours[key] += 1.0
+            reclaims[key] += sum(1 for _ in range(10) if rng.random() < true[key] / 10)
+            used[key] += i >= 3000  # where the last thousand went
+        return used
+
+    assert run(optimism=False)["spot/x/a"] == 1000  # the first zone tried, ever after
+    learned = run(optimism=True)
+    assert learned["spot/x/b"] >= 700, learned

@@ -120,3 +120,20 @@ def test_the_plan_never_launches_a_capacity_type_the_policy_does_not_allow(
     p = plan(dataclasses.replace(inp, capacity=model))
     assert len(p.launches) == 1
     assert p.launches[0].offering.capacity_type in allowed
+
+
+def test_a_zone_with_only_the_prior_is_tried_by_a_checkpointing_task_and_the_reason_says_so() -> None:
+    # Zone a has evidence (0.16/h, optimistic 0.147), zone b none: the prior 0.24/h worth
+    # 20 h, optimistic 0.1305 (tests/planner/test_capacity_choice.py has the numbers).
+    tried, untried = (
+        offering("p3.2xlarge", "spot", price=0.918, zone="a"),
+        offering("p3.2xlarge", "spot", price=0.918, zone="b"),
+    )
+    model = dataclasses.replace(
+        MODEL, reclaim_rates={tried.key: 0.16}, optimistic_rates={tried.key: 0.147}, prior_optimistic_rate=0.1305
+    )
+    launch = _launch(_task(30.0, "on-signal"), capacity=model, offerings=(tried, untried, V100[1]))
+    assert launch.offering.zone == "b"
+    assert f"trying {untried.key}" in launch.reason
+    # A long task that restarts from zero stays where the evidence is (b is 33 % dearer there).
+    assert _launch(_task(6.0), capacity=model, offerings=(tried, untried, V100[1])).offering.zone == "a"
