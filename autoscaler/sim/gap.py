@@ -16,7 +16,9 @@ GPU-seconds (priced at its own per-GPU rate) are split into:
 - the attempts' GPU-seconds, which go to the tasks.
 
 Per task: the attempt that finished is its useful work (`useful`), every other attempt
-is work lost (reclaims, drains); the bound splits the same way into its chosen price x
+is work lost (reclaims, drains), except, for a task that checkpoints, what its stopped
+attempts kept (the engine's own account, `TaskTrack.lost_usd`, is what it lost; the rest
+of those attempts is useful: the next attempt resumed from it); the bound splits the same way into its chosen price x
 run time (`useful`) and the rest of its expected cost (`expected_lost`: restarts on
 spot, boots for a checkpointing task). Tasks that did not finish by the end of the run
 are apart (`unfinished`): the bound pays all of them, ours what they ran.
@@ -37,6 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -169,8 +172,10 @@ def decompose(
     config: AutoscalerConfig,
     settings: SimSettings,
     end_s: float,
+    lost_usd: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The gap of a finished run, by cause, with ours and the bound it adds up to."""
+    """The gap of a finished run, by cause, with ours and the bound it adds up to;
+    `lost_usd` is the engine's work lost per task id (what checkpoints did not keep)."""
     start = settings.start
     machines, attempts, reserved, task_rows = _read(sessions, start, end_s)
     parts = dict.fromkeys(MACHINE_PARTS, 0.0)
@@ -205,6 +210,10 @@ def decompose(
             else:
                 lost += usd
         finished = state == "succeeded"
+        if ckpt and finished and lost_usd is not None:
+            # What the stopped attempts kept was resumed from: useful, not lost.
+            truly_lost = min(max(lost_usd.get(task_id, 0.0), 0.0), lost)
+            useful, lost = useful + lost - truly_lost, truly_lost
         spends.append(TaskSpend(finished, useful, lost, ran_on, b_useful, b_lost, how))
         if finished:
             by_choice[how] += 1

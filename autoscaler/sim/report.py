@@ -51,7 +51,9 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
         "reclaim_aware_bound": aware,
         "cost_vs_reclaim_aware_bound": round(ours["total_cost_usd"] / aware_usd, 3) if aware_usd else None,
         # Where ours spends above that bound, by cause (autoscaler.sim.gap).
-        "gap_to_reclaim_aware_bound": gap.decompose(outcome.sessions, wl, cfg, st, outcome.end_s),
+        "gap_to_reclaim_aware_bound": gap.decompose(
+            outcome.sessions, wl, cfg, st, outcome.end_s, {tid: t.lost_usd for tid, t in outcome.tasks.items()}
+        ),
         "baselines": {
             "managed_spot": managed_spot.managed_spot(wl, cfg, st),
             "clearml_style": baselines.clearml_style(wl, cfg, st),

@@ -89,6 +89,24 @@ def test_a_reclaimed_task_on_the_real_loop(tmp_path: Path) -> None:
     assert f"| lost_beyond_expected | {p['lost_beyond_expected']:,.2f} |" in md
 
 
+def test_a_reclaimed_task_that_checkpoints_lost_nothing_and_its_kept_attempt_is_useful(tmp_path: Path) -> None:
+    # The same world, the task checkpointing on the notice: the first attempt's 3,360 s
+    # (120-3480 s) were kept, and the second resumed from them on spot (the rule after a
+    # reclaim is for tasks that restart from zero). Counting the kept attempt as lost, as
+    # the split once did, showed 0.93 USD lost and as much "useful" short of the bound.
+    sim = settings(reclaim_first_spot_after_s=3600.0, checkpoints_share=1.0)
+    out = run(tasks(("lab", 0.0, 7200.0, 1)), one_pool(("lab",)), tmp_path, sim)
+    g = report.build(out, None)["gap_to_reclaim_aware_bound"]
+    p = g["parts_usd"]
+    assert g["unexplained_usd"] == 0.0
+    assert g["lost_usd"] == 0.0 and p["lost_beyond_expected"] == 0.0
+    assert g["finished_ran_on"] == {"spot where bound spot_checkpoint": 1}
+    # Both attempts' GPU time is the task's useful work: 7,200 s at $1/h, but for the
+    # seconds an attempt holds its machine between its lease and its start.
+    assert p["useful_same_type"] == pytest.approx(0.0, abs=0.02)
+    assert p["useful_on_demand_where_bound_spot"] == 0.0
+
+
 def test_the_bound_splits_into_run_time_and_expected_restarts() -> None:
     # The 1 h, 1 GPU task of the scoreboard's two-zone world: spot at 0.75 per GPU in
     # z2 (0.1/h): 0.75 x (e^0.1 - 1) / 0.1 = 0.7887819, of which 0.75 is the run time.
