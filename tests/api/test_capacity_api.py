@@ -185,3 +185,41 @@ def test_metrics_show_the_observed_reclaim_rate_per_offering(world) -> None:
     # (0.24 x 20 + 1) / (20 + 2)
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(5.8 / 22, rel=1e-3)
     assert 'autoscaler_spot_reclaims{instance_type="g.1",offering="spot/g.1/z1",zone="z1"} 1.0' in text
+
+
+def test_task_why_tries_a_zone_that_has_only_the_prior(config, sessions, clock: ManualClock) -> None:
+    # Zone z1 has lived 100 spot hours with 16 reclaims: (0.24 x 20 + 16) / 120 = 0.173/h,
+    # sd sqrt(20.8) / 120 = 0.038, optimistic 0.135. Zone z2 has only the prior: 0.24/h,
+    # optimistic 0.1305. A 30 h task that checkpoints costs 0.4 % more on z2's estimate,
+    # so it tries z2; one restarting from zero, 2 h, stays on z1 (z2 is 7.2 % dearer).
+    pools = [p.model_copy(update={"zones": ["z1", "z2"]}) if p.name == "gpu-pool" else p for p in config.pools]
+    ctx, client, vision = _world(config.model_copy(update={"pools": pools}), sessions, clock)
+    now = ctx.clock.now()
+    with transaction(ctx.sessions) as s:
+        for _ in range(16):
+            inst = Instance(
+                id=new_id(),
+                request_id=new_id(),
+                provider="fake",
+                pool="gpu-pool",
+                instance_type="g.1",
+                capacity_type="spot",
+                zone="z1",
+                gpus=1,
+                state="terminated",
+                hourly_price=0.4,
+                created_at=now - timedelta(hours=6.25),
+                updated_at=now,
+                launched_at=now - timedelta(hours=6.25),
+                terminated_at=now,
+            )
+            s.add(inst)
+            s.flush()
+            s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
+    saved = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
+    why = client.get(f"/api/v1/tasks/{saved['id']}/why", headers=vision).json()["capacity"]
+    assert why["capacity_type"] == "spot" and why["offering"] == "spot/g.1/z2"
+    assert "trying spot/g.1/z2" in why["reason"] and "within 5% of spot/g.1/z1" in why["reason"]
+    short = _enqueue(client, vision, expected_runtime_s=2 * 3600)
+    why = client.get(f"/api/v1/tasks/{short['id']}/why", headers=vision).json()["capacity"]
+    assert why["capacity_type"] == "spot" and why["offering"] == "spot/g.1/z1" and "trying" not in why["reason"]
