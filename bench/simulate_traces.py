@@ -3,6 +3,7 @@
     .venv/bin/python bench/simulate_traces.py --workload philly:../shared/data/traces/philly-vc-gavel [--days D]
     .venv/bin/python bench/simulate_traces.py --workload alibaba:../shared/data/traces/alibaba-gpu-v2023/openb_pod_list_default.csv [--days D]
     ... [--seed S] [--checkpoint-every MIN] [--spot-only | --policy DIR]
+    ... [--zone-rates] [--checkpoints-share P] [--idle-timeout S]   # the CLI's world, its what-ifs
     ... --from-day F --days D   # a slice for speed work: arrivals in [F, F + D), from an empty fleet
 
 Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
@@ -31,7 +32,7 @@ import yaml
 
 from autoscaler.policy.bundle import shipped_policy_dir
 from autoscaler.sim import report as sim_report
-from autoscaler.sim.catalog import default_config
+from autoscaler.sim.catalog import DEFAULT_ZONE_RATES, default_config
 from autoscaler.sim.engine import SimSettings
 from autoscaler.sim.runner import run_simulation
 from autoscaler.sim.workload import Workload, load_workload
@@ -74,6 +75,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preemption-rate", type=float, default=SimSettings.preemption_per_hour)
     ap.add_argument("--checkpoint-every", type=float, default=None, help="minutes; 0 = only when told to stop")
+    ap.add_argument(
+        "--zone-rates",
+        action="store_true",
+        help="the default world's per-zone reclaim rates, as `autoscaler simulate` uses them "
+        "(without it every zone gets --preemption-rate, 0.24 by default)",
+    )
+    ap.add_argument("--checkpoints-share", type=float, default=0.0, help="what-if: this share of tasks checkpoints")
+    ap.add_argument("--idle-timeout", type=float, default=None, help="what-if: every pool's idle_timeout_s")
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument(
         "--spot-only",
@@ -87,6 +96,10 @@ def main() -> None:
     wl = from_day(load_workload(args.workload), args.from_day).first_days(args.days)
     load_s = time.perf_counter() - t0
     cfg = default_config(wl.teams)
+    if args.idle_timeout is not None:
+        cfg = cfg.model_copy(
+            update={"pools": [p.model_copy(update={"idle_timeout_s": args.idle_timeout}) for p in cfg.pools]}
+        )
     started = time.perf_counter()
     last_print = [started]
 
@@ -120,7 +133,13 @@ def main() -> None:
 
     gc.callbacks.append(on_gc)
     checkpoint_s = None if args.checkpoint_every is None else args.checkpoint_every * 60.0
-    settings = SimSettings(seed=args.seed, preemption_per_hour=args.preemption_rate, checkpoint_every_s=checkpoint_s)
+    settings = SimSettings(
+        seed=args.seed,
+        preemption_per_hour=args.preemption_rate,
+        preemption_by_zone=DEFAULT_ZONE_RATES if args.zone_rates else {},
+        checkpoint_every_s=checkpoint_s,
+        checkpoints_share=args.checkpoints_share,
+    )
     cpu0 = time.process_time()
     outcome = run_simulation(wl, cfg, policy_dir=args.policy, settings=settings, progress=progress)
     cpu_s = time.process_time() - cpu0
