@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autoscaler.api.app import create_app
+from autoscaler.api.context import AppContext
 from autoscaler.clock import ManualClock
 from autoscaler.state.db import transaction
 from autoscaler.state.models import Instance, InstanceEvent, Task, TaskAttempt, new_id
@@ -158,27 +159,7 @@ def test_task_why_counts_the_reclaims_a_task_already_waited_through(wait_world) 
 
 def test_metrics_show_the_observed_reclaim_rate_per_offering(world) -> None:
     ctx, client, vision = world
-    now = ctx.clock.now()
-    with transaction(ctx.sessions) as s:
-        inst = Instance(
-            id=new_id(),
-            request_id=new_id(),
-            provider="fake",
-            pool="gpu-pool",
-            instance_type="g.1",
-            capacity_type="spot",
-            zone="z1",
-            gpus=1,
-            state="terminated",
-            hourly_price=0.4,
-            created_at=now - timedelta(hours=2),
-            updated_at=now,
-            launched_at=now - timedelta(hours=2),
-            terminated_at=now,
-        )
-        s.add(inst)
-        s.flush()
-        s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
+    _reclaimed_spot_lives(ctx, zone="z1", count=1, hours=2)
     text = client.get("/metrics", headers=vision).text
     line = next(x for x in text.splitlines() if x.startswith("autoscaler_spot_reclaim_rate{"))
     assert 'offering="spot/g.1/z1"' in line
@@ -194,28 +175,7 @@ def test_task_why_tries_a_zone_that_has_only_the_prior(config, sessions, clock: 
     # so it tries z2; one restarting from zero, 2 h, stays on z1 (z2 is 7.2 % dearer).
     pools = [p.model_copy(update={"zones": ["z1", "z2"]}) if p.name == "gpu-pool" else p for p in config.pools]
     ctx, client, vision = _world(config.model_copy(update={"pools": pools}), sessions, clock)
-    now = ctx.clock.now()
-    with transaction(ctx.sessions) as s:
-        for _ in range(16):
-            inst = Instance(
-                id=new_id(),
-                request_id=new_id(),
-                provider="fake",
-                pool="gpu-pool",
-                instance_type="g.1",
-                capacity_type="spot",
-                zone="z1",
-                gpus=1,
-                state="terminated",
-                hourly_price=0.4,
-                created_at=now - timedelta(hours=6.25),
-                updated_at=now,
-                launched_at=now - timedelta(hours=6.25),
-                terminated_at=now,
-            )
-            s.add(inst)
-            s.flush()
-            s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
+    _reclaimed_spot_lives(ctx, zone="z1", count=16, hours=6.25)
     saved = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
     why = client.get(f"/api/v1/tasks/{saved['id']}/why", headers=vision).json()["capacity"]
     assert why["capacity_type"] == "spot" and why["offering"] == "spot/g.1/z2"
@@ -223,3 +183,29 @@ def test_task_why_tries_a_zone_that_has_only_the_prior(config, sessions, clock: 
     short = _enqueue(client, vision, expected_runtime_s=2 * 3600)
     why = client.get(f"/api/v1/tasks/{short['id']}/why", headers=vision).json()["capacity"]
     assert why["capacity_type"] == "spot" and why["offering"] == "spot/g.1/z1" and "trying" not in why["reason"]
+
+
+def _reclaimed_spot_lives(ctx: AppContext, *, zone: str, count: int, hours: float) -> None:
+    """`count` g.1 spot machines in `zone`, each reclaimed now after `hours` of life."""
+    now = ctx.clock.now()
+    with transaction(ctx.sessions) as s:
+        for _ in range(count):
+            inst = Instance(
+                id=new_id(),
+                request_id=new_id(),
+                provider="fake",
+                pool="gpu-pool",
+                instance_type="g.1",
+                capacity_type="spot",
+                zone=zone,
+                gpus=1,
+                state="terminated",
+                hourly_price=0.4,
+                created_at=now - timedelta(hours=hours),
+                updated_at=now,
+                launched_at=now - timedelta(hours=hours),
+                terminated_at=now,
+            )
+            s.add(inst)
+            s.flush()
+            s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
