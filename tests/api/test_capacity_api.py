@@ -13,8 +13,9 @@ from autoscaler.api.app import create_app
 from autoscaler.api.context import AppContext
 from autoscaler.clock import ManualClock
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance, InstanceEvent, Task, TaskAttempt, new_id
+from autoscaler.state.models import Task, TaskAttempt, new_id
 from tests.conftest import issue_token, make_context
+from tests.spot_lives import add_spot_life
 
 
 def _world(config, sessions, clock: ManualClock):
@@ -187,25 +188,6 @@ def test_task_why_tries_a_zone_that_has_only_the_prior(config, sessions, clock: 
 
 def _reclaimed_spot_lives(ctx: AppContext, *, zone: str, count: int, hours: float) -> None:
     """`count` g.1 spot machines in `zone`, each reclaimed now after `hours` of life."""
-    now = ctx.clock.now()
     with transaction(ctx.sessions) as s:
         for _ in range(count):
-            inst = Instance(
-                id=new_id(),
-                request_id=new_id(),
-                provider="fake",
-                pool="gpu-pool",
-                instance_type="g.1",
-                capacity_type="spot",
-                zone=zone,
-                gpus=1,
-                state="terminated",
-                hourly_price=0.4,
-                created_at=now - timedelta(hours=hours),
-                updated_at=now,
-                launched_at=now - timedelta(hours=hours),
-                terminated_at=now,
-            )
-            s.add(inst)
-            s.flush()
-            s.add(InstanceEvent(instance_id=inst.id, at=now, from_state="ready", to_state="preempted", reason="spot"))
+            add_spot_life(s, ctx.clock, hours=hours, ended_h_ago=0, reclaimed=True, zone=zone)

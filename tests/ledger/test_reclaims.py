@@ -11,50 +11,22 @@ from autoscaler.clock import ManualClock
 from autoscaler.config import CapacityConfig
 from autoscaler.ledger.reclaims import reclaim_rates, spot_lives
 from autoscaler.state.db import transaction
-from autoscaler.state.models import Instance, InstanceEvent, new_id
+from autoscaler.state.models import Instance, InstanceEvent
+from tests.spot_lives import add_spot_life
 
 # No decay within a test, so the figures are exact; 20 prior hours at 0.24.
 CAP = CapacityConfig(reclaim_prior_per_hour=0.24, reclaim_prior_hours=20.0, reclaim_half_life_h=1e6)
 
 
-def _spot(
-    s, clock: ManualClock, *, hours: float, ended_h_ago: float | None, reclaimed: bool, zone="z1", ct="spot"
-) -> str:
-    now = clock.now()
-    end = None if ended_h_ago is None else now - timedelta(hours=ended_h_ago)
-    start = (end or now) - timedelta(hours=hours)
-    inst = Instance(
-        id=new_id(),
-        request_id=new_id(),
-        provider="fake",
-        pool="gpu-pool",
-        instance_type="g.1",
-        capacity_type=ct,
-        zone=zone,
-        gpus=1,
-        state="terminated" if end else "ready",
-        hourly_price=0.4,
-        created_at=start,
-        updated_at=end or now,
-        launched_at=start,
-        terminated_at=end,
-    )
-    s.add(inst)
-    s.flush()
-    if reclaimed:
-        s.add(
-            InstanceEvent(instance_id=inst.id, at=end or now, from_state="ready", to_state="preempted", reason="spot")
-        )
-    return inst.id
-
-
 def test_spot_lives_come_from_instance_records(sessions, clock: ManualClock) -> None:
     with transaction(sessions) as s:
-        _spot(s, clock, hours=2, ended_h_ago=1, reclaimed=True)
-        _spot(s, clock, hours=3, ended_h_ago=5, reclaimed=False)
-        _spot(s, clock, hours=1, ended_h_ago=None, reclaimed=False)  # still running
-        _spot(s, clock, hours=4, ended_h_ago=1, reclaimed=True, zone="z2")
-        _spot(s, clock, hours=9, ended_h_ago=1, reclaimed=False, ct="on_demand")  # never reclaimed: not evidence
+        add_spot_life(s, clock, hours=2, ended_h_ago=1, reclaimed=True)
+        add_spot_life(s, clock, hours=3, ended_h_ago=5, reclaimed=False)
+        add_spot_life(s, clock, hours=1, ended_h_ago=None, reclaimed=False)  # still running
+        add_spot_life(s, clock, hours=4, ended_h_ago=1, reclaimed=True, zone="z2")
+        add_spot_life(
+            s, clock, hours=9, ended_h_ago=1, reclaimed=False, ct="on_demand"
+        )  # never reclaimed: not evidence
     with sessions() as s:
         lives = spot_lives(s, now=clock.now(), half_life_h=1e6)
         rates = reclaim_rates(s, CAP, now=clock.now())
@@ -71,8 +43,8 @@ def test_spot_lives_come_from_instance_records(sessions, clock: ManualClock) -> 
 
 def test_evidence_older_than_eight_half_lives_is_not_read(sessions, clock: ManualClock) -> None:
     with transaction(sessions) as s:
-        _spot(s, clock, hours=2, ended_h_ago=9 * 24, reclaimed=True)
-        _spot(s, clock, hours=2, ended_h_ago=1, reclaimed=True)
+        add_spot_life(s, clock, hours=2, ended_h_ago=9 * 24, reclaimed=True)
+        add_spot_life(s, clock, hours=2, ended_h_ago=1, reclaimed=True)
     with sessions() as s:
         lives = spot_lives(s, now=clock.now(), half_life_h=24)
     assert len(lives["spot/g.1/z1"]) == 1
@@ -125,7 +97,7 @@ def test_the_loops_running_copy_matches_a_full_read(sessions, clock: ManualClock
         now = clock.now()
         with transaction(sessions) as s:
             if action == "launch":
-                running.append(_spot(s, clock, hours=0.0, ended_h_ago=None, reclaimed=False, zone=zone))
+                running.append(add_spot_life(s, clock, hours=0.0, ended_h_ago=None, reclaimed=False, zone=zone))
             elif action == "notice" and running:  # reclaimed, not yet terminated: already evidence
                 s.add(
                     InstanceEvent(
@@ -160,15 +132,15 @@ def test_the_running_copy_forgets_what_a_full_read_no_longer_reads(sessions, clo
     cap = CapacityConfig(reclaim_prior_per_hour=0.24, reclaim_prior_hours=20.0, reclaim_half_life_h=1.0)
     evidence = ReclaimEvidence(reclaim_prior(cap))
     with transaction(sessions) as s:
-        _spot(s, clock, hours=5.0, ended_h_ago=0.5, reclaimed=True)
-        _spot(s, clock, hours=3.0, ended_h_ago=0.5, reclaimed=False, zone="z2")
+        add_spot_life(s, clock, hours=5.0, ended_h_ago=0.5, reclaimed=True)
+        add_spot_life(s, clock, hours=3.0, ended_h_ago=0.5, reclaimed=False, zone="z2")
     with sessions() as s:
         first = evidence.refresh(s, clock.now())
         _assert_same(first, reclaim_rates(s, cap, now=clock.now()))
     assert first["spot/g.1/z1"].reclaims == pytest.approx(0.5**0.5)
     clock.advance(4 * 3600.0)
     with transaction(sessions) as s:
-        _spot(s, clock, hours=2.0, ended_h_ago=1.0, reclaimed=True)
+        add_spot_life(s, clock, hours=2.0, ended_h_ago=1.0, reclaimed=True)
     with sessions() as s:
         _assert_same(evidence.refresh(s, clock.now()), reclaim_rates(s, cap, now=clock.now()))
     clock.advance(5 * 3600.0)  # the first two lives ended 9.5 h ago: past the cutoff
@@ -179,7 +151,7 @@ def test_the_running_copy_forgets_what_a_full_read_no_longer_reads(sessions, clo
     assert later["spot/g.1/z1"].reclaims == pytest.approx(0.5**6)
     clock.advance(2000 * 3600.0)  # 2,000 half-lives: 2 ** 2000 would overflow a float
     with transaction(sessions) as s:
-        _spot(s, clock, hours=1.0, ended_h_ago=1.0, reclaimed=True, zone="z3")
+        add_spot_life(s, clock, hours=1.0, ended_h_ago=1.0, reclaimed=True, zone="z3")
     with sessions() as s:
         last = evidence.refresh(s, clock.now())
         _assert_same(last, reclaim_rates(s, cap, now=clock.now()))
