@@ -87,7 +87,15 @@ class PoolConfig(_Strict):
     capacity_types: list[CapacityType] = Field(default_factory=_spot_then_on_demand, description="Preference order.")
     min_instances: int = Field(0, ge=0)
     max_instances: int = Field(10, ge=0)
-    idle_timeout_s: float = Field(300, gt=0, description="An idle worker is drained after this long.")
+    idle_timeout_s: float = Field(
+        300, gt=0, description="The longest an idle worker is kept; it is drained after this long."
+    )
+    warm_pool: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: keep only as many idle machines of a kind as the pool's recent task starts "
+        "would use before a fresh one boots; the others drain after 30 s (docs/configuration.md); "
+        "fixed: keep every idle machine for idle_timeout_s.",
+    )
     boot_timeout_s: float = Field(900, gt=0, description="An instance not registered by then is terminated.")
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)

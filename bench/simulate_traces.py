@@ -3,7 +3,7 @@
     .venv/bin/python bench/simulate_traces.py --workload philly:../shared/data/traces/philly-vc-gavel [--days D]
     .venv/bin/python bench/simulate_traces.py --workload alibaba:../shared/data/traces/alibaba-gpu-v2023/openb_pod_list_default.csv [--days D]
     ... [--seed S] [--checkpoint-every MIN] [--spot-only | --policy DIR]
-    ... [--zone-rates] [--checkpoints-share P] [--idle-timeout S]   # the CLI's world, its what-ifs
+    ... [--zone-rates] [--checkpoints-share P] [--idle-timeout S] [--warm-pool R]   # the CLI's world, its what-ifs
     ... --from-day F --days D   # a slice for speed work: arrivals in [F, F + D), from an empty fleet
 
 Runs ours (the real reconciler, policy and queueing on the fake provider), the lower
@@ -83,6 +83,9 @@ def main() -> None:
     )
     ap.add_argument("--checkpoints-share", type=float, default=0.0, help="what-if: this share of tasks checkpoints")
     ap.add_argument("--idle-timeout", type=float, default=None, help="what-if: every pool's idle_timeout_s")
+    ap.add_argument(
+        "--warm-pool", choices=("adaptive", "fixed"), default=None, help="what-if: every pool's warm_pool rule"
+    )
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument(
         "--spot-only",
@@ -100,6 +103,8 @@ def main() -> None:
         cfg = cfg.model_copy(
             update={"pools": [p.model_copy(update={"idle_timeout_s": args.idle_timeout}) for p in cfg.pools]}
         )
+    if args.warm_pool is not None:
+        cfg = cfg.model_copy(update={"pools": [p.model_copy(update={"warm_pool": args.warm_pool}) for p in cfg.pools]})
     started = time.perf_counter()
     last_print = [started]
 

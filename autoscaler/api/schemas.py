@@ -537,6 +537,7 @@ class PoolOut(BaseModel):
     min_instances: int
     max_instances: int
     idle_timeout_s: float
+    warm_pool: str = "adaptive"
     boot_timeout_s: float
     instances: int = 0
 

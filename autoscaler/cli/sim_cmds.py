@@ -3,6 +3,7 @@ lower bound and the baselines (report.json, report.md, PNG plots)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from autoscaler.cli import app
 from autoscaler.cli.common import finite, out
 from autoscaler.errors import InvalidInput
+
+
+class WarmPoolRule(StrEnum):
+    adaptive = "adaptive"
+    fixed = "fixed"
 
 
 @app.command()
@@ -80,7 +86,14 @@ def simulate(
             "--idle-timeout",
             callback=finite,
             min=1,
-            help="What-if: seconds an idle machine is kept warm for the next task, in every pool (the config's idle_timeout_s; default 300).",
+            help="What-if: the longest an idle machine is kept warm for the next task, in seconds, in every pool (the config's idle_timeout_s; default 300).",
+        ),
+    ] = None,
+    warm_pool: Annotated[
+        WarmPoolRule | None,
+        typer.Option(
+            "--warm-pool",
+            help="What-if: adaptive keeps only the idle machines recent task starts would use before a fresh one boots; fixed keeps every idle machine for the idle timeout. Default: the config's warm_pool (adaptive).",
         ),
     ] = None,
 ) -> None:
@@ -109,6 +122,9 @@ def simulate(
         cfg = cfg.model_copy(update={"capacity": capacity})
     if idle_timeout is not None:
         pools = [p.model_copy(update={"idle_timeout_s": idle_timeout}) for p in cfg.pools]
+        cfg = cfg.model_copy(update={"pools": pools})
+    if warm_pool is not None:
+        pools = [p.model_copy(update={"warm_pool": warm_pool.value}) for p in cfg.pools]
         cfg = cfg.model_copy(update={"pools": pools})
     from autoscaler.sim.baselines import too_wide
 

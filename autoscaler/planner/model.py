@@ -15,6 +15,7 @@ from typing import Any
 from autoscaler.admission.right_size import Size
 from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
 from autoscaler.planner.capacity_choice import CapacityModel
+from autoscaler.planner.warm_pool import WarmPool
 from autoscaler.policy.schema import Decision
 
 # Every record here is slotted: a 10x snapshot holds ~100,000 of them, and without a
@@ -103,6 +104,9 @@ class PoolView:
     # The most machines one gang launch may ask the driver for (`Capabilities.max_gang_nodes`);
     # None: no driver limit. Past it a gang's machines are launched one by one.
     max_gang_nodes: int | None = None
+    # adaptive: idle machines beyond what recent starts justify drain early (planner.warm_pool);
+    # fixed: every idle machine is kept for idle_timeout_s.
+    warm_pool: str = "adaptive"
 
     def is_blocked(self, offering: OfferingView) -> bool:
         b = self.blocked
@@ -169,6 +173,9 @@ class PlanInput:
     # Spot versus on-demand per task by expected cost (planner.capacity_choice); None:
     # the pool's capacity-type order alone (spot first).
     capacity: CapacityModel | None = None
+    # Recent task starts by machine kind, for the adaptive warm pool (planner.warm_pool);
+    # None: every pool keeps its idle machines for idle_timeout_s.
+    warm: WarmPool | None = None
 
 
 # ---------------------------------------------------------------- the plan

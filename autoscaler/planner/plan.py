@@ -16,7 +16,9 @@ The order of the steps is the design:
    task and a later pool's machine of the same capacity type costs the task less per
    GPU it uses, or as little on a smaller machine (right-sizing).
 4. **Scale down**: idle workers that step 2 did not need, past their pool's idle
-   timeout, are drained (idle-only, so a worker that just leased a task is spared);
+   timeout or beyond the warm pool its recent task starts justify
+   (`planner.warm_pool`), are drained (idle-only, so a worker that just leased a task
+   is spared);
    a team over its hard budget has all its capacity drained.
 """
 
@@ -55,6 +57,7 @@ from autoscaler.planner.model import (
     QueueView,
     Terminate,
 )
+from autoscaler.planner.warm_pool import WARM_FLOOR_S
 from autoscaler.policy.schema import Decision, TeamDecision
 
 INF = math.inf
@@ -627,11 +630,12 @@ class _Bounds:
 
 @dataclass(slots=True)
 class _Capacity:
-    """Existing and booting capacity by pool, and the idle workers past their timeout.
-    Step 2 marks the slots it uses; step 4 drains only the idle ones it did not."""
+    """Existing and booting capacity by pool, and the idle workers of cloud pools (with
+    their seconds idle and GPUs). Step 2 marks the slots it uses; step 4 drains only
+    idle ones it did not."""
 
     slots: dict[str, _FreeIndex[_Slot]]
-    idle: list[tuple[_Slot, InstanceView | None, float]]
+    idle: list[tuple[_Slot, InstanceView | None, float, int]]
 
 
 def _scope(inp: PlanInput) -> _Scope:
@@ -691,7 +695,7 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
     on booting instances, which come after the workers of their pool."""
     inp, pools = sc.inp, sc.pools
     slots: dict[str, _FreeIndex[_Slot]] = defaultdict(_FreeIndex)
-    idle: list[tuple[_Slot, InstanceView | None, float]] = []
+    idle: list[tuple[_Slot, InstanceView | None, float, int]] = []
     for w in inp.workers:
         if w.state not in WORKER_LEASABLE or sc.team_drained_worker(w.instance_id) or w.pool not in pools:
             continue
@@ -709,14 +713,8 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
         w_inst = sc.by_id.get(w.instance_id) if w.instance_id else None
         slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
         pool = pools[w.pool]
-        if (
-            w.state == WorkerState.IDLE
-            and w.running_tasks == 0
-            and w.idle_since is not None
-            and not pool.static
-            and inp.now - w.idle_since >= timedelta(seconds=pool.idle_timeout_s)
-        ):
-            idle.append((slot, w_inst, (inp.now - w.idle_since).total_seconds()))
+        if w.state == WorkerState.IDLE and w.running_tasks == 0 and w.idle_since is not None and not pool.static:
+            idle.append((slot, w_inst, (inp.now - w.idle_since).total_seconds(), w.gpu_count))
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1, whole=True)
@@ -1138,24 +1136,48 @@ def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[li
     return launches, notes, count
 
 
+def _idle_past(
+    sc: _Scope, idle: list[tuple[_Slot, InstanceView | None, float, int]]
+) -> list[tuple[_Slot, InstanceView | None, float, str]]:
+    """The idle workers to drain, longest idle first, each with why: past the pool's
+    idle timeout, or (an adaptive pool, with recent starts known) past the warm floor
+    and not among the newest idle machines of its kind that the warm pool keeps."""
+    warm = sc.inp.warm
+    kinds: dict[tuple[str, int], list[tuple[_Slot, InstanceView | None, float, int]]] = defaultdict(list)
+    for x in idle:
+        kinds[(x[0].pool, x[3])].append(x)
+    out: list[tuple[_Slot, InstanceView | None, float, str]] = []
+    for (pool_name, gpus), members in kinds.items():
+        pool = sc.pools[pool_name]
+        adaptive = warm is not None and pool.warm_pool == "adaptive"
+        keep = warm.keep(pool_name, gpus) if warm is not None and adaptive else len(members)
+        for rank, (slot, inst, idle_s, _g) in enumerate(sorted(members, key=lambda x: x[2])):
+            if idle_s >= pool.idle_timeout_s:
+                out.append((slot, inst, idle_s, f"idle timeout {pool.idle_timeout_s:g} s"))
+            elif warm is not None and adaptive and rank >= keep and idle_s >= min(WARM_FLOOR_S, pool.idle_timeout_s):
+                out.append((slot, inst, idle_s, warm.reason(pool_name, gpus)))
+    return sorted(out, key=lambda x: -x[2])
+
+
 def _scale_down(sc: _Scope, bounds: _Bounds, cap: _Capacity, count: Counter[str]) -> list[Drain]:
-    """Step 4: the longest-idle workers step 2 did not use, down to the pool's min;
-    then every worker of a team over its hard budget."""
+    """Step 4: the longest-idle workers step 2 did not use, past their pool's idle
+    timeout or beyond the warm pool recent starts justify (planner.warm_pool), down to
+    the pool's min; then every worker of a team over its hard budget."""
     inp, min_eff = sc.inp, bounds.min_eff
     count = Counter(count)
     drains: list[Drain] = []
-    for slot, idle_inst, idle_s in sorted(cap.idle, key=lambda x: -x[2]):
-        if slot.used or slot.worker_id is None:
-            continue
+    unused = [x for x in cap.idle if not x[0].used and x[0].worker_id is not None]
+    for slot, idle_inst, idle_s, why in _idle_past(sc, unused):
         pool = sc.pools[slot.pool]
         if count[pool.name] <= min_eff[pool.name]:
             continue
         count[pool.name] -= 1
+        assert slot.worker_id is not None
         drains.append(
             Drain(
                 slot.worker_id,
                 pool.name,
-                f"idle for {idle_s:.0f} s (idle timeout {pool.idle_timeout_s:g} s)",
+                f"idle for {idle_s:.0f} s ({why})",
                 only_if_idle=True,
                 instance_id=idle_inst.id if idle_inst else None,
                 deadline_s=inp.drain_deadline_s,

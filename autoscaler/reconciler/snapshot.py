@@ -12,7 +12,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, func, select
@@ -42,8 +42,18 @@ from autoscaler.planner.model import (
     WorkerView,
 )
 from autoscaler.planner.reclaim_rate import ReclaimEstimate
+from autoscaler.planner.warm_pool import WINDOW_S, WarmPool
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, SpotOfferingInput, TeamInput
-from autoscaler.state.models import Instance, InstanceEvent, OfferingBlock, QueueRow, Task, TaskRank, Worker
+from autoscaler.state.models import (
+    Instance,
+    InstanceEvent,
+    OfferingBlock,
+    QueueRow,
+    Task,
+    TaskAttempt,
+    TaskRank,
+    Worker,
+)
 
 ACTIVE_TASK_STATES = TASK_ACTIVE
 LIVE_WORKER_STATES = WORKER_LIVE
@@ -68,6 +78,8 @@ class Snapshot:
     # planner weighs spot against on-demand with (None: the pool order alone).
     reclaim: Mapping[str, ReclaimEstimate] = field(default_factory=dict)
     capacity: CapacityModel | None = None
+    # Recent task starts by machine kind: what the adaptive warm pool is sized by.
+    warm: WarmPool | None = None
 
     def plan_input(self, decision: Decision, *, drain_deadline_s: float = 300.0) -> PlanInput:
         return PlanInput(
@@ -81,6 +93,7 @@ class Snapshot:
             self.running_gpus,
             drain_deadline_s,
             self.capacity,
+            self.warm,
         )
 
     def summary(self) -> dict[str, object]:
@@ -259,6 +272,7 @@ def observe(
             tenancy=p.tenancy,
             unused_cost=p.unused_cost,
             max_gang_nodes=pool_state[p.name].max_gang_nodes if p.name in pool_state else None,
+            warm_pool=p.warm_pool,
         )
         for p in config.pools
     )
@@ -281,7 +295,25 @@ def observe(
         month_to_date=month_to_date(session, now),
         burn=burn_rate(session, shared=shared_pools(config)),
         pending_gpus=dict(pending),
+        warm=WarmPool(recent_starts(session, now), config.capacity.boot_s),
     )
+
+
+def recent_starts(session: Session, now: datetime, window_s: float = WINDOW_S) -> dict[tuple[str, int], int]:
+    """Task attempts started in the window, by the kind of machine they started on
+    (pool, GPUs): the arrival rate the warm pool is sized by. One range read of the
+    attempts' start index joined to their workers."""
+    since = now - timedelta(seconds=window_s)
+    return {
+        (str(pool), int(gpus)): int(n)
+        for pool, gpus, n in session.execute(
+            select(Worker.pool, Worker.gpu_count, func.count())
+            .select_from(TaskAttempt)
+            .join(Worker, Worker.id == TaskAttempt.worker_id)
+            .where(TaskAttempt.started_at >= since, TaskAttempt.started_at <= now)
+            .group_by(Worker.pool, Worker.gpu_count)
+        )
+    }
 
 
 def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:

@@ -41,6 +41,7 @@ from autoscaler.clock import ManualClock
 from autoscaler.config import AutoscalerConfig, PoolConfig
 from autoscaler.ledger.period import month_bounds
 from autoscaler.lifecycle import TASK_FINAL
+from autoscaler.planner.warm_pool import WARM_FLOOR_S
 from autoscaler.policy.schema import EvaluationResult, PolicyEngine, PolicyInput
 from autoscaler.provisioning import catalog_offerings
 from autoscaler.queueing import gangs
@@ -689,11 +690,15 @@ class Simulation:
             return
         self._fill(agent)
         if not agent.busy and agent.idle_since is None:
-            # It just became idle: one timer for its idle timeout (a lease clears it).
+            # It just became idle: a timer for its idle timeout (a lease clears it) and,
+            # in an adaptive pool, one for the warm floor, when the planner may first
+            # drain it (planner.warm_pool).
             agent.idle_since = self.now_s
             pool = self.config.pool(agent.pool)
-            at = self.now_s + (pool.idle_timeout_s if pool else 300.0) + 1.0
-            self._push(at, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
+            timeout = pool.idle_timeout_s if pool else 300.0
+            if pool is not None and pool.warm_pool == "adaptive" and timeout > WARM_FLOOR_S:
+                self._push(self.now_s + WARM_FLOOR_S + 1.0, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
+            self._push(self.now_s + timeout + 1.0, Ev.WAKE, ("idle", agent.worker_id, agent.idle_since))
 
     def _leave(self, agent: SimAgent, reason: str) -> None:
         if not agent.gone:

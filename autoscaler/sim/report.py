@@ -38,6 +38,11 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
                 if any(p.idle_timeout_s != 300.0 for p in cfg.pools)
                 else {}
             ),
+            **(
+                {"warm_pool": sorted({p.warm_pool for p in cfg.pools})}
+                if any(p.warm_pool != "adaptive" for p in cfg.pools)
+                else {}
+            ),
         },
         "simulation": {
             "wall_s": round(outcome.wall_s, 2),

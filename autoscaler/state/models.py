@@ -445,7 +445,8 @@ class TaskAttempt(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     # The worker's GPUs this attempt held (which of the worker's GPU samples are its).
     gpu_indices: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
-    started_at: Mapped[datetime]
+    # Indexed: the snapshot counts the attempts started in the last hour (the warm pool).
+    started_at: Mapped[datetime] = mapped_column(index=True)
     ended_at: Mapped[datetime | None] = mapped_column(index=True)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)

@@ -14,7 +14,13 @@ from autoscaler.sim.workload import TraceTask, Workload
 
 
 def one_pool(
-    teams: tuple[str, ...], *, spot: float = 1.0, on_demand: float = 2.0, gpus: int = 1, tenancy: str = "team"
+    teams: tuple[str, ...],
+    *,
+    spot: float = 1.0,
+    on_demand: float = 2.0,
+    gpus: int = 1,
+    tenancy: str = "team",
+    warm_pool: str = "adaptive",
 ) -> AutoscalerConfig:
     pool = PoolConfig(
         name="p",
@@ -27,6 +33,7 @@ def one_pool(
         max_instances=50,
         idle_timeout_s=300,
         tenancy=tenancy,  # type: ignore[arg-type]
+        warm_pool=warm_pool,  # type: ignore[arg-type]
     )
     return AutoscalerConfig(
         deployment="sim",

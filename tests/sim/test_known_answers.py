@@ -14,9 +14,10 @@ from tests.sim.helpers import one_pool, policy_with_budgets, run, settings, task
 
 def test_one_task_one_launch_exact_cost(tmp_path: Path) -> None:
     # t=0: the cycle launches one spot g1 ($1/h); it registers at 120 s and runs the
-    # task until 3720 s; idle for 300 s, the cycle at 4021 s drains it, the agent
-    # leaves, and the next cycle (one 15 s interval later) terminates it at 4036 s.
-    out = run(tasks(("lab", 0.0, 3600.0, 1)), one_pool(("lab",)), tmp_path, settings())
+    # task until 3720 s; idle for 300 s (a fixed warm pool keeps it for its idle
+    # timeout), the cycle at 4021 s drains it, the agent leaves, and the next cycle
+    # (one 15 s interval later) terminates it at 4036 s.
+    out = run(tasks(("lab", 0.0, 3600.0, 1)), one_pool(("lab",), warm_pool="fixed"), tmp_path, settings())
     report = metrics.ours(out, None)
     assert report["counts"]["launches"] == 1
     assert report["counts"]["spot_launches"] == 1
@@ -29,6 +30,18 @@ def test_one_task_one_launch_exact_cost(tmp_path: Path) -> None:
     assert report["gpu_hours"]["booting"] == round(120 / 3600, 1)
     assert report["completed_work_gpu_hours"] == 1.0
     assert report["usd_per_completed_gpu_hour"] == round(4036 / 3600 * 1.0, 3)
+
+
+def test_one_task_adaptive_warm_pool_drains_at_the_floor(tmp_path: Path) -> None:
+    # As above, but the adaptive warm pool has seen one start in the last hour, far from
+    # the 20 that would keep a machine warm against a 3-minute boot: the cycle at the
+    # floor (3720 + 30 + 1 s) drains it, and the next one terminates it at 3766 s.
+    out = run(tasks(("lab", 0.0, 3600.0, 1)), one_pool(("lab",)), tmp_path, settings())
+    report = metrics.ours(out, None)
+    [span] = metrics.spans(out)
+    assert (span.start_s, span.end_s) == (0.0, 3766.0)
+    assert report["total_cost_usd"] == round(3766 / 3600 * 1.0, 2)
+    assert report["tasks"]["succeeded"] == 1
 
 
 def test_burst_beyond_budget_is_held_with_the_exact_alerts(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def pools(auth: Auth, ctx: Ctx) -> list[PoolOut]:
             min_instances=p.min_instances,
             max_instances=p.max_instances,
             idle_timeout_s=p.idle_timeout_s,
+            warm_pool=p.warm_pool,
             boot_timeout_s=p.boot_timeout_s,
             instances=counts.get(p.name, 0),
         )
