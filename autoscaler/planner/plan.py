@@ -1149,13 +1149,15 @@ def _idle_past(
     out: list[tuple[_Slot, InstanceView | None, float, str]] = []
     for (pool_name, gpus), members in kinds.items():
         pool = sc.pools[pool_name]
-        adaptive = warm is not None and pool.warm_pool == "adaptive"
-        keep = warm.keep(pool_name, gpus) if warm is not None and adaptive else len(members)
+        rule = warm if pool.warm_pool == "adaptive" else None
+        keep = rule.keep(pool_name, gpus) if rule is not None else len(members)
+        floor = min(WARM_FLOOR_S, pool.idle_timeout_s)
+        # The newest idle machines of the kind are the ones kept warm.
         for rank, (slot, inst, idle_s, _g) in enumerate(sorted(members, key=lambda x: x[2])):
             if idle_s >= pool.idle_timeout_s:
                 out.append((slot, inst, idle_s, f"idle timeout {pool.idle_timeout_s:g} s"))
-            elif warm is not None and adaptive and rank >= keep and idle_s >= min(WARM_FLOOR_S, pool.idle_timeout_s):
-                out.append((slot, inst, idle_s, warm.reason(pool_name, gpus)))
+            elif rule is not None and rank >= keep and idle_s >= floor:
+                out.append((slot, inst, idle_s, rule.reason(pool_name, gpus)))
     return sorted(out, key=lambda x: -x[2])
 
 

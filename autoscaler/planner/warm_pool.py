@@ -13,9 +13,8 @@ machines of the kind in the last `WINDOW_S` (the snapshot's one GROUP BY over
 `task_attempts`). Each pool's `idle_timeout_s` stays the longest any machine is kept;
 `warm_pool: fixed` keeps every idle machine that long (the behaviour before this rule).
 
-Measured (docs/benchmarks.md): on the Alibaba trace tasks land about every 10 minutes
-against 3-minute boots, so almost nothing is kept warm; on busy Philly days the pools
-keep a few machines of each kind.
+What it saves and what it costs in wait, on the traces: docs/benchmarks.md, "Warm
+machines sized by recent starts".
 """
 
 from __future__ import annotations
