@@ -9,6 +9,8 @@ a plan without start counts keep the idle timeout alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +21,6 @@ from tests.planner.builders import demand, instance, make_input, pool, worker
 
 
 def _with(inp: PlanInput, warm: WarmPool | None) -> PlanInput:
-    from dataclasses import replace
-
     return replace(inp, warm=warm)
 
 
@@ -86,8 +86,6 @@ def test_fixed_pool_and_a_plan_without_start_counts_keep_the_idle_timeout() -> N
 def test_a_machine_step_two_fills_is_neither_drained_nor_counted_as_warm() -> None:
     # One task takes one of the three machines; the warm pool keeps one of the other two.
     inp = _with(_three_idle(), WarmPool({("cloud", 1): 20}, boot_s=180))
-    from dataclasses import replace
-
     p = plan(replace(inp, demand=(demand(),)))
     assert p.placed_on_existing == 1 and p.launches == ()
     assert len(p.drains) == 1
