@@ -30,7 +30,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from autoscaler.admission import right_size
 from autoscaler.admission.fit import Need, gpu_type_matches
@@ -628,6 +628,15 @@ class _Bounds:
     min_eff: dict[str, int]
 
 
+class _Idle(NamedTuple):
+    """An idle worker of a cloud pool: its slot, instance, seconds idle and GPUs."""
+
+    slot: _Slot
+    inst: InstanceView | None
+    idle_s: float
+    gpus: int
+
+
 @dataclass(slots=True)
 class _Capacity:
     """Existing and booting capacity by pool, and the idle workers of cloud pools (with
@@ -635,7 +644,7 @@ class _Capacity:
     idle ones it did not."""
 
     slots: dict[str, _FreeIndex[_Slot]]
-    idle: list[tuple[_Slot, InstanceView | None, float, int]]
+    idle: list[_Idle]
 
 
 def _scope(inp: PlanInput) -> _Scope:
@@ -695,7 +704,7 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
     on booting instances, which come after the workers of their pool."""
     inp, pools = sc.inp, sc.pools
     slots: dict[str, _FreeIndex[_Slot]] = defaultdict(_FreeIndex)
-    idle: list[tuple[_Slot, InstanceView | None, float, int]] = []
+    idle: list[_Idle] = []
     for w in inp.workers:
         if w.state not in WORKER_LEASABLE or sc.team_drained_worker(w.instance_id) or w.pool not in pools:
             continue
@@ -714,7 +723,7 @@ def _capacity(sc: _Scope, gone: set[str]) -> _Capacity:
         slots[w.pool].add(slot, slot.gpu_machine, slot.gpu_type, _machine(pools[w.pool], w.gpu_count, w_inst, w.tenant))
         pool = pools[w.pool]
         if w.state == WorkerState.IDLE and w.running_tasks == 0 and w.idle_since is not None and not pool.static:
-            idle.append((slot, w_inst, (inp.now - w.idle_since).total_seconds(), w.gpu_count))
+            idle.append(_Idle(slot, w_inst, (inp.now - w.idle_since).total_seconds(), w.gpu_count))
     for inst in inp.instances:
         if inst.state in BOOTING_STATES and inst.worker_id is None and inst.id not in gone:
             slot = _Slot(inst.pool, inst.gpus > 0, inst.gpu_type, inst.gpus or 1, whole=True)
@@ -1136,29 +1145,27 @@ def _pool_minimums(sc: _Scope, bounds: _Bounds, count: Counter[str]) -> tuple[li
     return launches, notes, count
 
 
-def _idle_past(
-    sc: _Scope, idle: list[tuple[_Slot, InstanceView | None, float, int]]
-) -> list[tuple[_Slot, InstanceView | None, float, str]]:
+def _idle_past(sc: _Scope, idle: list[_Idle]) -> list[tuple[_Idle, str]]:
     """The idle workers to drain, longest idle first, each with why: past the pool's
     idle timeout, or (an adaptive pool, with recent starts known) past the warm floor
     and not among the newest idle machines of its kind that the warm pool keeps."""
     warm = sc.inp.warm
-    kinds: dict[tuple[str, int], list[tuple[_Slot, InstanceView | None, float, int]]] = defaultdict(list)
+    kinds: dict[tuple[str, int], list[_Idle]] = defaultdict(list)
     for x in idle:
-        kinds[(x[0].pool, x[3])].append(x)
-    out: list[tuple[_Slot, InstanceView | None, float, str]] = []
+        kinds[(x.slot.pool, x.gpus)].append(x)
+    out: list[tuple[_Idle, str]] = []
     for (pool_name, gpus), members in kinds.items():
         pool = sc.pools[pool_name]
         rule = warm if pool.warm_pool == "adaptive" else None
         keep = rule.keep(pool_name, gpus) if rule is not None else len(members)
         floor = min(WARM_FLOOR_S, pool.idle_timeout_s)
         # The newest idle machines of the kind are the ones kept warm.
-        for rank, (slot, inst, idle_s, _g) in enumerate(sorted(members, key=lambda x: x[2])):
-            if idle_s >= pool.idle_timeout_s:
-                out.append((slot, inst, idle_s, f"idle timeout {pool.idle_timeout_s:g} s"))
-            elif rule is not None and rank >= keep and idle_s >= floor:
-                out.append((slot, inst, idle_s, rule.reason(pool_name, gpus)))
-    return sorted(out, key=lambda x: -x[2])
+        for rank, x in enumerate(sorted(members, key=lambda x: x.idle_s)):
+            if x.idle_s >= pool.idle_timeout_s:
+                out.append((x, f"idle timeout {pool.idle_timeout_s:g} s"))
+            elif rule is not None and rank >= keep and x.idle_s >= floor:
+                out.append((x, rule.reason(pool_name, gpus)))
+    return sorted(out, key=lambda o: -o[0].idle_s)
 
 
 def _scale_down(sc: _Scope, bounds: _Bounds, cap: _Capacity, count: Counter[str]) -> list[Drain]:
@@ -1168,20 +1175,20 @@ def _scale_down(sc: _Scope, bounds: _Bounds, cap: _Capacity, count: Counter[str]
     inp, min_eff = sc.inp, bounds.min_eff
     count = Counter(count)
     drains: list[Drain] = []
-    unused = [x for x in cap.idle if not x[0].used and x[0].worker_id is not None]
-    for slot, idle_inst, idle_s, why in _idle_past(sc, unused):
-        pool = sc.pools[slot.pool]
+    unused = [x for x in cap.idle if not x.slot.used and x.slot.worker_id is not None]
+    for x, why in _idle_past(sc, unused):
+        pool = sc.pools[x.slot.pool]
         if count[pool.name] <= min_eff[pool.name]:
             continue
         count[pool.name] -= 1
-        assert slot.worker_id is not None
+        assert x.slot.worker_id is not None
         drains.append(
             Drain(
-                slot.worker_id,
+                x.slot.worker_id,
                 pool.name,
-                f"idle for {idle_s:.0f} s ({why})",
+                f"idle for {x.idle_s:.0f} s ({why})",
                 only_if_idle=True,
-                instance_id=idle_inst.id if idle_inst else None,
+                instance_id=x.inst.id if x.inst else None,
                 deadline_s=inp.drain_deadline_s,
             )
         )

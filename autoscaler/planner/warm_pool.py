@@ -47,7 +47,7 @@ class WarmPool:
 
     def keep(self, pool: str, gpus: int) -> int:
         """Idle machines of the kind worth keeping warm: floor(rate x boot)."""
-        return math.floor(self.starts.get((pool, gpus), 0) * self.boot_s / self.window_s + 1e-9)
+        return math.floor(self.rate_per_hour(pool, gpus) * self.boot_s / 3600.0 + 1e-9)
 
     def reason(self, pool: str, gpus: int) -> str:
         """Why an idle machine of the kind beyond what is kept is drained, with the numbers."""
@@ -56,7 +56,7 @@ class WarmPool:
         if n == 0:
             seen = f"no task started on a {gpus}-GPU machine of pool {pool} in the last {window}"
         else:
-            every = self.window_s / n / 60.0
+            every = 60.0 / self.rate_per_hour(pool, gpus)
             seen = (
                 f"{n} task start(s) on {gpus}-GPU machines of pool {pool} in the last {window}, "
                 f"one every {every:.1f} min"

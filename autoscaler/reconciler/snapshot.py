@@ -295,7 +295,12 @@ def observe(
         month_to_date=month_to_date(session, now),
         burn=burn_rate(session, shared=shared_pools(config)),
         pending_gpus=dict(pending),
-        warm=WarmPool(recent_starts(session, now), config.capacity.boot_s),
+        # Only an adaptive pool reads the starts; without one the query is not made.
+        warm=(
+            WarmPool(recent_starts(session, now), config.capacity.boot_s)
+            if any(p.warm_pool == "adaptive" for p in config.pools)
+            else None
+        ),
     )
 
 

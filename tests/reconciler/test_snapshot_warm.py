@@ -64,3 +64,11 @@ def test_starts_are_counted_by_machine_kind_inside_the_window(
     warm = snap.plan_input(Decision()).warm
     assert warm is not None and warm.starts == {(pool, 1): 2, (pool, 4): 1}
     assert warm.boot_s == config.capacity.boot_s
+
+
+def test_without_an_adaptive_pool_the_starts_are_not_read(
+    sessions: sessionmaker[Session], config: AutoscalerConfig
+) -> None:
+    fixed = config.model_copy(update={"pools": [p.model_copy(update={"warm_pool": "fixed"}) for p in config.pools]})
+    with sessions() as s:
+        assert observe(s, fixed, now=NOW, pool_state={}).warm is None
