@@ -449,6 +449,12 @@ class CapacityConfig(_Strict):
         description="Wait target (seconds of a task's wait, summed over its attempts): a task cheaper on spot "
         "whose boots after reclaims would pass it (chance over 5 %) gets on-demand; null (default): no target.",
     )
+    standby: bool = Field(
+        True,
+        description="With a wait target: keep booted spot machines standing by for checkpointing tasks on spot, so "
+        "a reclaimed one moves at its notice instead of waiting a boot (and keeps spot, not on-demand); false: no "
+        "standby machines.",
+    )
     enabled: bool = Field(True, description="False: the pool's capacity-type order alone decides (spot first).")
 
 

@@ -80,6 +80,13 @@ def simulate(
             help="What-if: minutes of accumulated wait a task may spend; spot that would pass it gives way to on-demand. Default: the config's wait target (off; docs/capacity.md).",
         ),
     ] = None,
+    standby: Annotated[
+        bool | None,
+        typer.Option(
+            "--standby/--no-standby",
+            help="What-if, with a wait target: keep booted spot machines standing by for checkpointing tasks on spot (the default), or not, so such tasks keep the target on on-demand. Default: the config's capacity.standby (on).",
+        ),
+    ] = None,
     idle_timeout: Annotated[
         float | None,
         typer.Option(
@@ -120,6 +127,8 @@ def simulate(
     if wait_target is not None:
         capacity = cfg.capacity.model_copy(update={"wait_target_s": wait_target * 60.0})
         cfg = cfg.model_copy(update={"capacity": capacity})
+    if standby is not None:
+        cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(update={"standby": standby})})
     if idle_timeout is not None:
         pools = [p.model_copy(update={"idle_timeout_s": idle_timeout}) for p in cfg.pools]
         cfg = cfg.model_copy(update={"pools": pools})

@@ -104,8 +104,12 @@ class TaskProfile:
     runtime_h: float
     checkpointing: Checkpointing = Checkpointing()
     wait_target_h: float | None = None
-    # Reclaims the task has already lived through: each cost it one boot of its wait.
+    # Boots of wait the task has already spent on reclaims (one per reclaim without
+    # standby machines; about `standby_miss` per reclaim with them).
     reclaims_so_far: int = 0
+    # With standby machines (planner.standby): the chance a reclaim of this task finds
+    # none free and waits a boot; None: every reclaim waits a boot.
+    standby_miss: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,9 @@ class CapacityModel:
     # them an offering is ranked by its estimate.
     optimistic_rates: Mapping[str, float] = field(default_factory=dict)
     prior_optimistic_rate: float | None = None
+    # Standby machines cover checkpointing tasks on spot (planner.standby): a reclaim
+    # of one waits a boot only with this chance. None: no standby.
+    standby_miss: float | None = None
 
     def rate(self, key: str) -> float:
         return self.reclaim_rates.get(key, self.prior_rate)
@@ -144,7 +151,12 @@ class CapacityModel:
     def profile(self, runtime_h: float | None, checkpoints: str | None, reclaims_so_far: int = 0) -> TaskProfile:
         spec = Checkpointing.parse(checkpoints) if checkpoints else Checkpointing()
         runtime = runtime_h if runtime_h else self.default_runtime_h
-        return TaskProfile(runtime, spec, self.wait_target_h, max(reclaims_so_far, 0))
+        spent = max(reclaims_so_far, 0)
+        miss = self.standby_miss if not spec.restarts_from_zero else None
+        if miss is not None:
+            # Covered reclaims cost a boot of wait only when no standby was free.
+            spent = math.floor(spent * miss + 0.5)
+        return TaskProfile(runtime, spec, self.wait_target_h, spent, miss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +221,10 @@ def _expected_cost(option: Option, profile: TaskProfile, *, boot_h: float) -> Co
     if r * lost >= 1.0:
         return Costed(option, math.inf, math.inf, profile.wait_target_h is not None, 1.0)
     billed = d / (1.0 - r * lost)
-    return _with_wait(Costed(option, p * (b + billed), r * billed, False), profile, b, _poisson_tail(r * billed))
+    # With standby machines only the reclaims that find none free wait a boot: a
+    # thinned Poisson count.
+    waits = r * billed * (profile.standby_miss if profile.standby_miss is not None else 1.0)
+    return _with_wait(Costed(option, p * (b + billed), r * billed, False), profile, b, _poisson_tail(waits))
 
 
 def wait_allowance(profile: TaskProfile, boot_h: float) -> int | None:
@@ -330,8 +345,11 @@ def _wait_words(spot: Costed, profile: TaskProfile, boot_h: float) -> str:
     if n is None or target is None:
         return ""
     verdict = "would pass" if spot.misses_wait_target else "keeps"
+    per = "each reclaim waits"
+    if profile.standby_miss is not None:
+        per = f"with standby machines a reclaim waits (chance {profile.standby_miss:.0%})"
     return (
-        f"on spot its wait {verdict} the wait target of {target * 60:.0f} min: each reclaim waits a "
+        f"on spot its wait {verdict} the wait target of {target * 60:.0f} min: {per} a "
         f"{boot_h * 60:.0f} min boot, {max(n, 0)} more allowed after {profile.reclaims_so_far} so far, "
         f"chance of more {spot.wait_miss_chance:.1%} (a p95 target tolerates {WAIT_MISS_SHARE:.0%})"
     )

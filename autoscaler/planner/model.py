@@ -15,6 +15,7 @@ from typing import Any
 from autoscaler.admission.right_size import Size
 from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
 from autoscaler.planner.capacity_choice import CapacityModel
+from autoscaler.planner.standby import Standby
 from autoscaler.planner.warm_pool import WarmPool
 from autoscaler.policy.schema import Decision
 
@@ -176,6 +177,9 @@ class PlanInput:
     # Recent task starts by machine kind, for the adaptive warm pool (planner.warm_pool);
     # None: every pool keeps its idle machines for idle_timeout_s.
     warm: WarmPool | None = None
+    # Running checkpointing work on spot by shape, for standby machines
+    # (planner.standby); None: no standby (no wait target, or turned off).
+    standby: Standby | None = None
 
 
 # ---------------------------------------------------------------- the plan

@@ -653,6 +653,8 @@ def _scope(inp: PlanInput) -> _Scope:
     queues = {q.name: q for q in inp.queues}
     cost = {name: _pool_cost(p) for name, p in pools.items()}
     teams_in_demand = frozenset(g.team for g in inp.demand)
+    # Teams wanting standby machines are admitted like teams with demand (step 3b).
+    standby_teams = frozenset(s.team for s in inp.standby.exposure) if inp.standby is not None else frozenset()
     drained = {t for t, td in dec.teams.items() if td.drain}
     if dec.default_team.drain:
         drained |= teams_in_demand | {i.team for i in inp.instances if i.team}
@@ -665,7 +667,7 @@ def _scope(inp: PlanInput) -> _Scope:
         {i.id: i for i in inp.instances},
         teams_in_demand,
         frozenset(drained),
-        {t: dec.team(t) for t in teams_in_demand},
+        {t: dec.team(t) for t in teams_in_demand | standby_teams},
     )
 
 
@@ -1118,6 +1120,99 @@ class _Packer:
         return None
 
 
+def _standby(
+    sc: _Scope, cap: _Capacity, book: _TeamBook, type_ok: _TypeMatch, packer: _Packer
+) -> tuple[list[Launch], list[str]]:
+    """Step 3b: standby machines (planner.standby) for running checkpointing work on
+    spot, after every queued task had its turn, so a standby never takes capacity,
+    quota or headroom a queued task could use. Free capacity that would take a task of
+    the shape now (an idle machine, a booting one, free GPUs) counts first and is kept
+    from step 4; the rest is launched as spot through the admission a task's machine
+    goes through: the team's placement, quota and spend headroom, the pool's max."""
+    rule = sc.inp.standby
+    if rule is None or sc.inp.decision.fail_safe:
+        return [], []
+    launches: list[Launch] = []
+    notes: list[str] = []
+    for shape, want in rule.wanted():
+        td = sc.tds[shape.team]
+        if shape.team in sc.drained_teams or not td.may_scale_up:
+            continue  # a team that may not grow holds no spare machines either
+        queue = sc.queues.get(shape.queue)
+        exposure = rule.exposure[shape]
+        need = shape.gpus if shape.gpus > 0 else 1
+        unit = _Unit(
+            shape.team,
+            shape.queue,
+            shape.gpus,
+            shape.gpu_type,
+            queue.priority if queue else 0,
+            0,
+            sc.inp.now.timestamp(),
+            need,
+            (shape.queue, shape.gpus),
+            (shape.team, shape.queue),
+            cpus=shape.cpus,
+            memory_mb=shape.memory_mb,
+            runtime_h=exposure.runtime_h,
+            checkpoints="on-signal",
+        )
+        admit = book.admitter(unit)
+        have = 0
+        for pool in sc.ranked.get(shape.queue, ()):
+            index = cap.slots.get(pool.name)
+            while index is not None and have < want:
+                pos = index.first_fit(unit, type_ok, admit)
+                if pos is None:
+                    break
+                index.take(pos, unit).used = True
+                have += 1
+        why = ""
+        while have < want:
+            launch, why = _standby_launch(sc, book, packer, unit, td, rule.reason(shape, want))
+            if launch is None:
+                break
+            launches.append(launch)
+            have += 1
+        if have < want:
+            notes.append(f"{rule.reason(shape, want)}; only {have} stand by: {why}")
+    return launches, notes
+
+
+def _standby_launch(
+    sc: _Scope, book: _TeamBook, packer: _Packer, unit: _Unit, td: TeamDecision, reason: str
+) -> tuple[Launch | None, str]:
+    """One standby machine for `unit`'s shape: the spot offering of least expected cost
+    over the queue's pools that admit it, or None and why not."""
+    left = book.quota_left(unit.team)
+    if left is not None and unit.gpus > left:
+        return None, book.quota_reason(unit, left)
+    best: tuple[PoolView, OfferingView, float] | None = None
+    reasons: list[str] = []
+    for pool in sc.ranked.get(unit.queue, ()):
+        if pool.static or (td.allowed_pools is not None and pool.name not in td.allowed_pools):
+            continue
+        if pool.backoff_until is not None and pool.backoff_until > sc.inp.now:
+            continue
+        if packer.count[pool.name] >= packer.bounds.max_eff[pool.name]:
+            reasons.append(f"pool {pool.name} at its max of {packer.bounds.max_eff[pool.name]} instances")
+            continue
+        offering, why, score, _ = packer.chooser.choose_scored(pool, unit, td, unit.gpus, book.headroom[unit.team])
+        if offering is None or offering.capacity_type != "spot":
+            reasons.append(why or f"pool {pool.name}: spot is not the choice for this shape")
+            continue
+        if best is None or score < best[2] - 1e-9:
+            best = (pool, offering, score)
+    if best is None:
+        return None, "; ".join(reasons) or f"queue {unit.queue} has no cloud pool"
+    pool, offering, _ = best
+    packer.count[pool.name] += 1
+    book.headroom[unit.team] -= offering.hourly_price
+    book.allocated[unit.team] += unit.gpus
+    why = f"{reason}; {offering.key} at {offering.hourly_price:.2f} USD/h"
+    return Launch(pool.name, offering, unit.team, (), why, smaller=packer.smaller(pool, offering, unit)), ""
+
+
 def _team_launches(dec: Decision, bins: list[_Bin]) -> list[Launch]:
     if dec.fail_safe:
         # Fail-safe means hold. Every team is frozen then, so nothing above launched;
@@ -1430,13 +1525,14 @@ def plan(inp: PlanInput) -> Plan:
     full = frozenset(p for p in sc.pools if count[p] >= bounds.max_eff.get(p, 0))
     remaining, placed = _fit_existing(sc, runs, cap, book, type_ok, full)
     placed_existing += placed
-    # 3. launch for the rest, then for pool minimums
+    # 3. launch for the rest, then standby machines, then pool minimums
     packed = packer.pack(remaining)
+    standby, standby_notes = _standby(sc, cap, book, type_ok, packer)
     minimums, min_notes, count = _pool_minimums(sc, bounds, packed.count)
-    launches = gangs.launches + _team_launches(inp.decision, packed.bins) + minimums
+    launches = gangs.launches + _team_launches(inp.decision, packed.bins) + standby + minimums
     # 4. scale down
     drains = _scale_down(sc, bounds, cap, count)
-    notes = _fail_safe_notes(inp.decision) + min_notes
+    notes = _fail_safe_notes(inp.decision) + standby_notes + min_notes
     holds = _holds(packed)
     if gangs.holds:
         holds = tuple(sorted((*gangs.holds, *holds), key=lambda h: (h.team, h.queue, h.reason)))

@@ -21,6 +21,7 @@ from autoscaler.ledger.reclaims import offering_key, reclaim_prior, reclaim_rate
 from autoscaler.planner.capacity_choice import CapacityModel, Option, choose
 from autoscaler.planner.reclaim_rate import ReclaimEstimate, posterior
 from autoscaler.planner.runtime_estimate import estimate
+from autoscaler.planner.standby import STANDBY_MISS
 from autoscaler.queueing.runtime_history import runtime_prior
 from autoscaler.state.models import QueueRow, Task
 
@@ -36,7 +37,14 @@ def capacity_model(cap: CapacityConfig, found: Mapping[str, ReclaimEstimate]) ->
         estimate([], runtime_prior(cap)).mean_h,
         {k: e.optimistic for k, e in found.items()},
         posterior(0.0, 0.0, reclaim_prior(cap)).optimistic,
+        STANDBY_MISS if standby_on(cap) else None,
     )
+
+
+def standby_on(cap: CapacityConfig) -> bool:
+    """Standby machines are kept only for a wait target: without one a reclaimed task's
+    wait is not worth an idle machine (the warm pool's ski-rental rule already holds)."""
+    return cap.enabled and cap.standby and cap.wait_target_s is not None
 
 
 def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now: datetime) -> dict[str, Any] | None:
@@ -71,7 +79,8 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
     table = admission_store.load(session)
     team_allows = set(table.of(task.team).allowed_capacity_types) if table is not None else {"spot", "on_demand"}
     runtime_h = (task.runtime_estimate or {}).get("mean_h")
-    # Every machine-caused end so far (a reclaim mostly) cost the task one boot of wait.
+    # Every machine-caused end so far (a reclaim mostly) cost the task one boot of wait,
+    # or, covered by standby machines, one with the standby miss chance.
     profile = model.profile(float(runtime_h) if runtime_h else None, task.checkpoints, task.interruptions or 0)
     choice = choose(options, profile, team_allows & allowed_by_pools, boot_h=model.boot_h)
     chosen = choice.chosen
@@ -82,7 +91,9 @@ def capacity_for(session: Session, task: Task, config: AutoscalerConfig, *, now:
         "spot_expected_cost_usd": round(choice.best_spot.expected_cost, 4) if choice.best_spot else None,
         "on_demand_expected_cost_usd": round(choice.best_on_demand.expected_cost, 4) if choice.best_on_demand else None,
         "wait_target_s": round(profile.wait_target_h * 3600.0, 1) if profile.wait_target_h else None,
-        "reclaims_so_far": profile.reclaims_so_far,
+        "reclaims_so_far": task.interruptions or 0,
+        "boots_waited_so_far": profile.reclaims_so_far,
+        "standby_miss_chance": profile.standby_miss,
         "spot_wait_miss_chance": round(choice.best_spot.wait_miss_chance, 6) if choice.best_spot else None,
         "reason": choice.reason,
     }

@@ -57,7 +57,7 @@ from autoscaler.planner import Plan, plan
 from autoscaler.planner.model import Launch, OfferingView
 from autoscaler.planner.reclaim_rate import ReclaimEstimate
 from autoscaler.policy.schema import Decision, EvaluationResult, PolicyEngine, PolicyInput
-from autoscaler.queueing.capacity_view import capacity_model
+from autoscaler.queueing.capacity_view import capacity_model, standby_on
 from autoscaler.queueing.workers import drain as drain_worker
 from autoscaler.queueing.workers import expel_impostors, expire_silent_workers, interruption_notice
 from autoscaler.reconciler import sync
@@ -65,7 +65,7 @@ from autoscaler.reconciler.crashpoints import crash_point
 from autoscaler.reconciler.errors import backoff_delay, block_for
 from autoscaler.reconciler.executor import Executor, LaunchDone, Outcome, SyncExecutor, TerminateDone
 from autoscaler.reconciler.record import record_cycle
-from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input
+from autoscaler.reconciler.snapshot import PoolState, Snapshot, observe, policy_input, standby_exposure
 from autoscaler.reconciler.states import InstanceState, transition
 from autoscaler.state.db import transaction
 from autoscaler.state.launches import gang_rows
@@ -280,7 +280,9 @@ class Reconciler:
                     self._evidence = ReclaimEvidence(reclaim_prior(cap))
                 self._reclaim = self._evidence.refresh(s, now)
                 self._reclaim_at = now
-        return replace(snap, reclaim=dict(self._reclaim), capacity=capacity_model(cap, self._reclaim))
+            model = capacity_model(cap, self._reclaim)
+            standby = standby_exposure(s, model) if standby_on(cap) else None
+        return replace(snap, reclaim=dict(self._reclaim), capacity=model, standby=standby)
 
     def evaluate(self, snap: Snapshot) -> EvaluationResult:
         pin = _with_static_capacity(policy_input(snap, self.config), snap)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from autoscaler.admission import right_size
 from autoscaler.config import AutoscalerConfig
 from autoscaler.ledger.period import month_bounds
+from autoscaler.ledger.reclaims import offering_key
 from autoscaler.ledger.spend import burn_rate, month_to_date, shared_pools
 from autoscaler.lifecycle import (
     INSTANCE_LIVE,
@@ -42,6 +43,7 @@ from autoscaler.planner.model import (
     WorkerView,
 )
 from autoscaler.planner.reclaim_rate import ReclaimEstimate
+from autoscaler.planner.standby import STANDBY_MISS, Exposure, Shape, Standby
 from autoscaler.planner.warm_pool import WINDOW_S, WarmPool
 from autoscaler.policy.schema import Decision, PolicyInput, PoolInput, QueueInput, SpotOfferingInput, TeamInput
 from autoscaler.state.models import (
@@ -80,6 +82,8 @@ class Snapshot:
     capacity: CapacityModel | None = None
     # Recent task starts by machine kind: what the adaptive warm pool is sized by.
     warm: WarmPool | None = None
+    # Running checkpointing work on spot: what standby machines are sized by (None: none).
+    standby: Standby | None = None
 
     def plan_input(self, decision: Decision, *, drain_deadline_s: float = 300.0) -> PlanInput:
         return PlanInput(
@@ -94,6 +98,7 @@ class Snapshot:
             drain_deadline_s,
             self.capacity,
             self.warm,
+            self.standby,
         )
 
     def summary(self) -> dict[str, object]:
@@ -319,6 +324,56 @@ def recent_starts(session: Session, now: datetime, window_s: float = WINDOW_S) -
             .group_by(Worker.pool, Worker.gpu_count)
         )
     }
+
+
+def standby_exposure(session: Session, model: CapacityModel) -> Standby:
+    """Running checkpointing tasks on live spot machines, by shape, each counted at its
+    machine's estimated reclaim rate (`model`): what standby machines are sized by
+    (planner.standby). One GROUP BY over active tasks joined to their instances."""
+    rows = session.execute(
+        select(
+            Task.team,
+            Task.queue,
+            Task.gpus,
+            Task.gpu_type,
+            Task.cpus,
+            Task.memory_mb,
+            Instance.instance_type,
+            Instance.zone,
+            func.count(),
+            func.max(Task.runtime_class_s),
+        )
+        .join(Instance, Instance.worker_id == Task.worker_id)
+        .where(
+            Task.state.in_(ACTIVE_TASK_STATES),
+            Task.nodes < 2,
+            Task.checkpoints.is_not(None),
+            Task.checkpoints != "none",
+            Instance.capacity_type == "spot",
+            Instance.state.in_(INSTANCE_LIVE),
+        )
+        .group_by(
+            Task.team,
+            Task.queue,
+            Task.gpus,
+            Task.gpu_type,
+            Task.cpus,
+            Task.memory_mb,
+            Instance.instance_type,
+            Instance.zone,
+        )
+    )
+    tasks: Counter[Shape] = Counter()
+    rate: defaultdict[Shape, float] = defaultdict(float)
+    longest: dict[Shape, float] = {}
+    for team, queue, gpus, gpu_type, cpus, mem, instance_type, zone, n, runtime_s in rows:
+        shape = Shape(str(team), str(queue), int(gpus or 0), gpu_type, float(cpus or 0.0), int(mem or 0))
+        tasks[shape] += int(n)
+        rate[shape] += int(n) * model.rate(offering_key("spot", str(instance_type), zone))
+        if runtime_s:
+            longest[shape] = max(longest.get(shape, 0.0), float(runtime_s) / 3600.0)
+    exposure = {s: Exposure(n, rate[s], longest.get(s)) for s, n in tasks.items()}
+    return Standby(exposure, model.boot_h, model.standby_miss or STANDBY_MISS)
 
 
 def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:

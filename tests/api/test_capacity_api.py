@@ -32,7 +32,15 @@ def world(config, sessions, clock: ManualClock):
 
 @pytest.fixture
 def wait_world(config, sessions, clock: ManualClock):
-    """The same with a 30 min wait target (off by default)."""
+    """The same with a 30 min wait target (off by default) and no standby machines: each
+    reclaim waits a boot."""
+    capacity = config.capacity.model_copy(update={"wait_target_s": 1800.0, "standby": False})
+    return _world(config.model_copy(update={"capacity": capacity}), sessions, clock)
+
+
+@pytest.fixture
+def standby_world(config, sessions, clock: ManualClock):
+    """A 30 min wait target with standby machines (the default once a target is set)."""
     capacity = config.capacity.model_copy(update={"wait_target_s": 1800.0})
     return _world(config.model_copy(update={"capacity": capacity}), sessions, clock)
 
@@ -156,6 +164,26 @@ def test_task_why_counts_the_reclaims_a_task_already_waited_through(wait_world) 
     assert again["capacity_type"] == "on_demand" and again["reclaims_so_far"] == 8
     assert again["spot_wait_miss_chance"] == pytest.approx(0.698, abs=1e-3)
     assert "1 more allowed after 8 so far" in again["reason"]
+
+
+def test_with_standby_machines_task_why_keeps_a_long_checkpointing_task_on_spot(standby_world) -> None:
+    ctx, client, vision = standby_world
+    # The 30 h on-signal task that would pass the target on spot above: with standby
+    # machines a reclaim waits a boot only with chance 5 %, so 0.36 boot waits are
+    # expected and spot keeps the target.
+    task = _enqueue(client, vision, expected_runtime_s=30 * 3600, checkpoints="on-signal")
+    why = client.get(f"/api/v1/tasks/{task['id']}/why", headers=vision).json()["capacity"]
+    assert why["capacity_type"] == "spot" and why["standby_miss_chance"] == 0.05
+    assert why["spot_wait_miss_chance"] < 1e-6
+    assert "keeps the wait target of 30 min: with standby machines a reclaim waits (chance 5%)" in why["reason"]
+    # 40 reclaims lived through cost it about two boots of wait, not forty.
+    with transaction(ctx.sessions) as s:
+        row = s.get(Task, task["id"])
+        assert row is not None
+        row.interruptions = 40
+    again = client.get(f"/api/v1/tasks/{task['id']}/why", headers=vision).json()["capacity"]
+    assert again["reclaims_so_far"] == 40 and again["boots_waited_so_far"] == 2
+    assert again["capacity_type"] == "spot" and "7 more allowed after 2 so far" in again["reason"]
 
 
 def test_metrics_show_the_observed_reclaim_rate_per_offering(world) -> None:

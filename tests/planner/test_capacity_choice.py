@@ -15,6 +15,7 @@ from autoscaler.planner.capacity_choice import (
     EXPLORE_PREMIUM,
     ON_DEMAND,
     SPOT,
+    CapacityModel,
     Checkpointing,
     Option,
     TaskProfile,
@@ -324,3 +325,28 @@ def test_with_optimism_the_fleet_learns_the_calm_zone_and_without_it_stays_in_th
     assert run(optimism=False)["spot/x/a"] == 1000  # the first zone tried, ever after
     learned = run(optimism=True)
     assert learned["spot/x/b"] >= 700, learned
+
+
+def test_with_standby_machines_a_long_checkpointing_task_keeps_its_wait_target_on_spot() -> None:
+    # The 30 h on-signal task above missed the target on spot (7.287 reclaims expected,
+    # each a boot). With standby machines a reclaim waits a boot only when none is free
+    # (5 %): boot waits are Poisson of mean 0.05 x 7.287 = 0.364; P(N > 9) is about 1e-11.
+    prof = TaskProfile(30.0, ON_SIGNAL, HALF_HOUR, standby_miss=0.05)
+    c = choose([OD, SPOT_A], prof, BOTH, boot_h=0.05)
+    assert c.capacity_type == SPOT and c.best_spot is not None
+    mean = 0.05 * 0.24 * 30.0 / (1 - 0.24 * 0.05)
+    assert c.best_spot.wait_miss_chance == pytest.approx(
+        1 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(10)), abs=1e-12
+    )
+    assert c.best_spot.expected_cost == pytest.approx(27.920, abs=1e-3)  # the cost is unchanged
+    assert "with standby machines a reclaim waits (chance 5%) a 3 min boot" in c.reason
+
+
+def test_the_model_counts_covered_reclaims_as_boots_only_at_the_miss_chance() -> None:
+    model = CapacityModel(wait_target_h=0.5, standby_miss=0.05)
+    # 40 reclaims lived through with standby cost about 2 boots of wait, not 40.
+    assert model.profile(30.0, "on-signal", 40).reclaims_so_far == 2
+    assert model.profile(30.0, "on-signal", 40).standby_miss == 0.05
+    # A task that restarts from zero is not covered: each reclaim is a boot, as before.
+    assert model.profile(30.0, "none", 40) == TaskProfile(30.0, Checkpointing(), 0.5, 40, None)
+    assert CapacityModel(wait_target_h=0.5).profile(30.0, "on-signal", 40).reclaims_so_far == 40

@@ -1,0 +1,118 @@
+"""Standby machines: booted spot machines kept free for checkpointing tasks a reclaim is
+about to requeue, so such a task moves at its notice instead of waiting a fresh boot.
+
+Why: a task that checkpoints on the notice loses no work to a reclaim, but with a wait
+target every reclaim costs it one boot of waiting, and a task of hundreds of hours sees
+a reclaim every few hours. Without standby the only way to keep its wait target is
+on-demand, at about three times the price (docs/capacity.md, "Standby machines").
+
+The rule, per shape of running work (team, queue, GPUs, GPU type, CPUs, memory): the
+checkpointing tasks of that shape on spot machines are reclaimed at `rate` per hour in
+all (each task's machine's estimated reclaim rate, summed); each reclaim takes a standby
+machine, and a replacement standby boots in `boot_h`. Replacements still booting are
+then Poisson of mean `rate x boot_h` (an M/G/infinity queue), and a reclaimed task finds
+no standby free exactly when `S` or more are booting. So `S` is the smallest count with
+`P(N >= S) <= STANDBY_MISS`, at least one. The capacity choice counts a reclaim of a
+covered task as a boot of wait with chance `STANDBY_MISS`, not always
+(`capacity_choice.CapacityModel.standby_miss`).
+
+Tasks on one machine are reclaimed together; the rate counts each task, so the mean is
+right, but bursts are larger than Poisson. Standby machines are launched through the
+same admission as a task's machine (the team's placement, quota, spend headroom, the
+pool's max): the planner's step 3b (`planner.plan`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# The chance a reclaimed covered task finds no standby free and waits a boot: the
+# 5 % a p95 wait target tolerates.
+STANDBY_MISS = 0.05
+# Never more standby machines than this per shape, however high the rate: past it the
+# reclaims come faster than machines boot, and on-demand is the answer.
+MAX_STANDBY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a replacement machine must fit: one running task's shape."""
+
+    team: str
+    queue: str
+    gpus: int
+    gpu_type: str | None = None
+    cpus: float = 0.0
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Running checkpointing tasks of one shape on spot machines."""
+
+    tasks: int
+    reclaims_per_hour: float  # summed over the tasks (each its machine's rate)
+    # The longest expected run time among them (hours; None: not known): a standby is
+    # placed as for such a task (the calmest zone where that pays).
+    runtime_h: float | None = None
+
+
+def standby_count(reclaims_per_hour: float, boot_h: float, miss: float = STANDBY_MISS) -> int:
+    """The fewest standby machines with which a reclaim finds none free with chance at
+    most `miss`: the smallest `S >= 1` with `P(Poisson(rate x boot) >= S) <= miss`."""
+    mean = max(reclaims_per_hour, 0.0) * max(boot_h, 0.0)
+    if reclaims_per_hour <= 0.0:
+        return 0
+    term = math.exp(-mean)  # P(N = 0)
+    below = term  # P(N < s) for s = 1
+    s = 1
+    while 1.0 - below > miss and s < MAX_STANDBY:
+        term *= mean / s
+        below += term
+        s += 1
+    return s
+
+
+def miss_chance(reclaims_per_hour: float, boot_h: float, count: int) -> float:
+    """`P(Poisson(rate x boot) >= count)`: the chance a reclaim finds no standby free."""
+    mean = max(reclaims_per_hour, 0.0) * max(boot_h, 0.0)
+    if count <= 0:
+        return 1.0
+    term = below = math.exp(-mean)
+    for i in range(1, count):
+        term *= mean / i
+        below += term
+    return max(1.0 - below, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Standby:
+    """The running checkpointing work on spot, by shape, and the boot it is weighed against."""
+
+    exposure: Mapping[Shape, Exposure] = field(default_factory=dict)
+    boot_h: float = 0.05
+    miss: float = STANDBY_MISS
+
+    def wanted(self) -> list[tuple[Shape, int]]:
+        """Standby machines wanted per shape, largest need first (then by name: stable)."""
+        out = [
+            (shape, standby_count(e.reclaims_per_hour, self.boot_h, self.miss)) for shape, e in self.exposure.items()
+        ]
+        out = [(s, n) for s, n in out if n > 0]
+        out.sort(
+            key=lambda sn: (-sn[0].gpus, sn[0].team, sn[0].queue, sn[0].gpu_type or "", sn[0].cpus, sn[0].memory_mb)
+        )
+        return out
+
+    def reason(self, shape: Shape, count: int) -> str:
+        """Why `count` machines stand by for the shape, with the numbers."""
+        e = self.exposure[shape]
+        every = 60.0 / e.reclaims_per_hour if e.reclaims_per_hour > 0 else math.inf
+        return (
+            f"standby for team {shape.team}: {e.tasks} checkpointing task(s) of {shape.gpus} GPU(s) in "
+            f"{shape.queue} run on spot, reclaimed about once every {every:.0f} min in all; with "
+            f"{count} machine(s) standing by against a {self.boot_h * 60:.0f} min boot, a reclaimed task "
+            f"waits for a boot with chance {miss_chance(e.reclaims_per_hour, self.boot_h, count):.1%}"
+        )

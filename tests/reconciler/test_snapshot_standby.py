@@ -1,0 +1,119 @@
+"""The snapshot's running checkpointing work on spot: what standby machines are sized by.
+
+Real databases (SQLite and PostgreSQL), rows inserted as the queue and the reconciler
+store them. Only active, single-node, checkpointing tasks on live spot machines count,
+each at its machine's offering's reclaim rate (the capacity model's estimate, the
+prior for an offering never seen), grouped by the shape a replacement must fit.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from autoscaler.config import AutoscalerConfig
+from autoscaler.planner.capacity_choice import CapacityModel
+from autoscaler.planner.standby import Exposure, Shape
+from autoscaler.queueing.capacity_view import capacity_model, standby_on
+from autoscaler.queueing.queues import sync_from_config
+from autoscaler.reconciler.snapshot import standby_exposure
+from autoscaler.state.db import transaction
+from autoscaler.state.models import Instance, Task
+
+NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+
+def _instance(iid: str, worker: str, *, ct: str = "spot", zone: str = "z1", state: str = "ready") -> dict[str, Any]:
+    return dict(
+        id=iid,
+        request_id=f"r-{iid}",
+        provider="fake",
+        pool="gpu-pool",
+        instance_type="g.1",
+        capacity_type=ct,
+        zone=zone,
+        gpus=4,
+        state=state,
+        hourly_price=0.4,
+        worker_id=worker,
+        created_at=NOW - timedelta(hours=2),
+        updated_at=NOW,
+    )
+
+
+def _task(tid: str, worker: str | None, **kw: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict(
+        id=tid,
+        queue="gpu",
+        team="vision",
+        command=["x"],
+        env={},
+        gpus=1,
+        priority=0,
+        state="running",
+        worker_id=worker,
+        checkpoints="on-signal",
+        sort_key=NOW,
+        created_at=NOW,
+        updated_at=NOW,
+        gpu_indices=[],
+    )
+    row.update(kw)
+    return row
+
+
+def test_only_checkpointing_work_on_live_spot_counts_each_at_its_machines_rate(
+    sessions: sessionmaker[Session], config: AutoscalerConfig
+) -> None:
+    with transaction(sessions) as s:
+        sync_from_config(s, config, now=NOW)
+        s.execute(
+            insert(Instance),
+            [
+                _instance("i-calm", "w-calm", zone="z1"),
+                _instance("i-storm", "w-storm", zone="z2"),
+                _instance("i-od", "w-od", ct="on_demand"),
+                _instance("i-gone", "w-gone", state="terminated"),
+            ],
+        )
+        s.execute(
+            insert(Task),
+            [
+                _task("t1", "w-calm", runtime_class_s=3600.0),
+                _task("t2", "w-calm", checkpoints="every:30", runtime_class_s=36_000.0),
+                _task("t3", "w-storm"),
+                _task("t4", "w-calm", gpus=2),  # another shape
+                _task("t5", "w-calm", checkpoints="none"),  # restarts from zero: not covered
+                _task("t6", "w-calm", checkpoints=None),  # declared nothing: restarts from zero
+                _task("t7", "w-od"),  # on-demand is never reclaimed
+                _task("t8", "w-gone"),  # a terminated machine's row
+                _task("t9", "w-calm", state="queued"),  # not running
+                _task("t10", "w-calm", nodes=2),  # a gang's ranks are not replaced one by one
+            ],
+        )
+    model = CapacityModel({"spot/g.1/z1": 0.1, "spot/g.1/z2": 0.6}, prior_rate=0.24, boot_h=0.05)
+    with sessions() as s:
+        standby = standby_exposure(s, model)
+    assert dict(standby.exposure) == {
+        Shape("vision", "gpu", 1): Exposure(3, pytest.approx(0.1 + 0.1 + 0.6), 10.0),  # type: ignore[arg-type]
+        Shape("vision", "gpu", 2): Exposure(1, pytest.approx(0.1), None),  # type: ignore[arg-type]
+    }
+    assert standby.boot_h == 0.05
+    # An offering with no estimate counts at the prior.
+    with sessions() as s:
+        prior = standby_exposure(s, CapacityModel(prior_rate=0.24))
+    assert prior.exposure[Shape("vision", "gpu", 1)].reclaims_per_hour == pytest.approx(0.72)
+
+
+def test_standby_is_on_only_with_a_wait_target_and_can_be_turned_off(config: AutoscalerConfig) -> None:
+    cap = config.capacity
+    assert not standby_on(cap)  # no wait target by default
+    target = cap.model_copy(update={"wait_target_s": 1800.0})
+    assert standby_on(target) and capacity_model(target, {}).standby_miss == 0.05
+    off = target.model_copy(update={"standby": False})
+    assert not standby_on(off) and capacity_model(off, {}).standby_miss is None
+    assert not standby_on(target.model_copy(update={"enabled": False}))
