@@ -158,6 +158,17 @@ class CapacityModel:
             spent = math.floor(spent * miss + 0.5)
         return TaskProfile(runtime, spec, self.wait_target_h, spent, miss)
 
+    def needs_standby(self, key: str, remaining_h: float, checkpoints: str | None, reclaims_so_far: int) -> bool:
+        """Whether a checkpointing task running on spot offering `key`, with about
+        `remaining_h` hours left, would pass its wait target if every reclaim from now
+        on waited a boot: the tasks standby machines are for (planner.standby). Those
+        that keep the target anyway, or restart from zero, or with no target, are not."""
+        profile = self.profile(max(remaining_h, 1e-6), checkpoints, reclaims_so_far)
+        if profile.wait_target_h is None or profile.standby_miss is None:
+            return False
+        bare = replace(profile, standby_miss=None)
+        return _expected_cost(Option(key, SPOT, 1.0, self.rate(key)), bare, boot_h=self.boot_h).misses_wait_target
+
 
 @dataclass(frozen=True, slots=True)
 class Option:

@@ -326,23 +326,29 @@ def recent_starts(session: Session, now: datetime, window_s: float = WINDOW_S) -
     }
 
 
-def standby_exposure(session: Session, model: CapacityModel) -> Standby:
-    """Running checkpointing tasks on live spot machines, by shape, each counted at its
-    machine's estimated reclaim rate (`model`): what standby machines are sized by
-    (planner.standby). One GROUP BY over active tasks joined to their instances."""
+def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> Standby:
+    """Running checkpointing tasks on live spot machines that need standby machines to
+    keep their wait target (`CapacityModel.needs_standby`: their expected run time
+    left would pass it if every reclaim waited a boot), by
+    shape, each counted at its machine's estimated reclaim rate (`model`): what standby
+    machines are sized by (planner.standby). One GROUP BY over active tasks joined to
+    their instances."""
+    columns = (
+        Task.team,
+        Task.queue,
+        Task.gpus,
+        Task.gpu_type,
+        Task.cpus,
+        Task.memory_mb,
+        Task.checkpoints,
+        Task.runtime_class_s,
+        Task.created_at,
+        Task.interruptions,
+        Instance.instance_type,
+        Instance.zone,
+    )
     rows = session.execute(
-        select(
-            Task.team,
-            Task.queue,
-            Task.gpus,
-            Task.gpu_type,
-            Task.cpus,
-            Task.memory_mb,
-            Instance.instance_type,
-            Instance.zone,
-            func.count(),
-            func.max(Task.runtime_class_s),
-        )
+        select(*columns, func.count())
         .join(Instance, Instance.worker_id == Task.worker_id)
         .where(
             Task.state.in_(ACTIVE_TASK_STATES),
@@ -352,26 +358,25 @@ def standby_exposure(session: Session, model: CapacityModel) -> Standby:
             Instance.capacity_type == "spot",
             Instance.state.in_(INSTANCE_LIVE),
         )
-        .group_by(
-            Task.team,
-            Task.queue,
-            Task.gpus,
-            Task.gpu_type,
-            Task.cpus,
-            Task.memory_mb,
-            Instance.instance_type,
-            Instance.zone,
-        )
+        .group_by(*columns)
     )
     tasks: Counter[Shape] = Counter()
     rate: defaultdict[Shape, float] = defaultdict(float)
     longest: dict[Shape, float] = {}
-    for team, queue, gpus, gpu_type, cpus, mem, instance_type, zone, n, runtime_s in rows:
+    for team, queue, gpus, gpu_type, cpus, mem, checkpoints, runtime_s, created, k, itype, zone, n in rows:
+        key = offering_key("spot", str(itype), zone)
+        runtime_h = float(runtime_s) / 3600.0 if runtime_s else model.default_runtime_h
+        ran_h = max((now - created).total_seconds(), 0.0) / 3600.0
+        # A task that has outlived its estimate is expected to run about as long again
+        # as it has: the median remaining life of a heavy-tailed run time (the prior's
+        # log-normal; a Pareto's exactly).
+        left_h = runtime_h - ran_h if runtime_h > ran_h else ran_h
+        if not model.needs_standby(key, left_h, checkpoints, int(k or 0)):
+            continue
         shape = Shape(str(team), str(queue), int(gpus or 0), gpu_type, float(cpus or 0.0), int(mem or 0))
         tasks[shape] += int(n)
-        rate[shape] += int(n) * model.rate(offering_key("spot", str(instance_type), zone))
-        if runtime_s:
-            longest[shape] = max(longest.get(shape, 0.0), float(runtime_s) / 3600.0)
+        rate[shape] += int(n) * model.rate(key)
+        longest[shape] = max(longest.get(shape, 0.0), left_h)
     exposure = {s: Exposure(n, rate[s], longest.get(s)) for s, n in tasks.items()}
     return Standby(exposure, model.boot_h, model.standby_miss or STANDBY_MISS)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -350,3 +351,17 @@ def test_the_model_counts_covered_reclaims_as_boots_only_at_the_miss_chance() ->
     # A task that restarts from zero is not covered: each reclaim is a boot, as before.
     assert model.profile(30.0, "none", 40) == TaskProfile(30.0, Checkpointing(), 0.5, 40, None)
     assert CapacityModel(wait_target_h=0.5).profile(30.0, "on-signal", 40).reclaims_so_far == 40
+
+
+def test_standby_is_needed_only_by_tasks_whose_reclaims_would_pass_the_target_without_it() -> None:
+    model = CapacityModel({"spot/a": 0.24}, wait_target_h=0.5, standby_miss=0.05)
+    # 30 h left at 0.24/h: 7.3 reclaims expected, each a boot without standby: 20 % past 9.
+    assert model.needs_standby("spot/a", 30.0, "on-signal", 0)
+    # 10 h left: 2.4 expected, 0.02 %: keeps the target on its own.
+    assert not model.needs_standby("spot/a", 10.0, "on-signal", 0)
+    # The same after 200 covered reclaims: round(0.05 x 200) = 10 boots spent, past 9.
+    assert model.needs_standby("spot/a", 10.0, "on-signal", 200)
+    # Restarting from zero, no target, or no standby: never.
+    assert not model.needs_standby("spot/a", 30.0, "none", 0)
+    assert not replace(model, wait_target_h=None).needs_standby("spot/a", 30.0, "on-signal", 0)
+    assert not replace(model, standby_miss=None).needs_standby("spot/a", 30.0, "on-signal", 0)

@@ -8,6 +8,7 @@ prior for an offering never seen), grouped by the shape a replacement must fit.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,7 +67,10 @@ def _task(tid: str, worker: str | None, **kw: Any) -> dict[str, Any]:
     return row
 
 
-def test_only_checkpointing_work_on_live_spot_counts_each_at_its_machines_rate(
+H = 3600.0
+
+
+def test_only_checkpointing_work_on_live_spot_that_needs_it_counts_each_at_its_machines_rate(
     sessions: sessionmaker[Session], config: AutoscalerConfig
 ) -> None:
     with transaction(sessions) as s:
@@ -83,30 +87,42 @@ def test_only_checkpointing_work_on_live_spot_counts_each_at_its_machines_rate(
         s.execute(
             insert(Task),
             [
-                _task("t1", "w-calm", runtime_class_s=3600.0),
-                _task("t2", "w-calm", checkpoints="every:30", runtime_class_s=36_000.0),
-                _task("t3", "w-storm"),
-                _task("t4", "w-calm", gpus=2),  # another shape
-                _task("t5", "w-calm", checkpoints="none"),  # restarts from zero: not covered
-                _task("t6", "w-calm", checkpoints=None),  # declared nothing: restarts from zero
-                _task("t7", "w-od"),  # on-demand is never reclaimed
-                _task("t8", "w-gone"),  # a terminated machine's row
-                _task("t9", "w-calm", state="queued"),  # not running
-                _task("t10", "w-calm", nodes=2),  # a gang's ranks are not replaced one by one
+                _task("t1", "w-calm", runtime_class_s=1000 * H),
+                _task("t2", "w-calm", checkpoints="every:30", runtime_class_s=500 * H),
+                _task("t3", "w-storm", runtime_class_s=100 * H),
+                _task("t4", "w-calm", gpus=2, runtime_class_s=1000 * H),  # another shape
+                # 10 h at 0.1/h: one reclaim expected, P(more than 9) ~ 1e-7: keeps the
+                # target without standby.
+                _task("t5", "w-calm", runtime_class_s=10 * H),
+                # 1,000 h, but 999.9 of them ran: six minutes left.
+                _task("t6", "w-calm", runtime_class_s=1000 * H, created_at=NOW - timedelta(hours=999.9)),
+                _task("t7", "w-calm"),  # no run-time estimate: the 1 h default
+                # Estimated at 1 h but running for 100: as long again is expected, at
+                # 0.1/h 10 reclaims: needs standby.
+                _task("t14", "w-calm", runtime_class_s=1 * H, created_at=NOW - timedelta(hours=100)),
+                _task("t8", "w-calm", checkpoints="none", runtime_class_s=1000 * H),  # restarts from zero
+                _task("t9", "w-calm", checkpoints=None, runtime_class_s=1000 * H),  # declared nothing
+                _task("t10", "w-od", runtime_class_s=1000 * H),  # on-demand is never reclaimed
+                _task("t11", "w-gone", runtime_class_s=1000 * H),  # a terminated machine's row
+                _task("t12", "w-calm", state="queued", runtime_class_s=1000 * H),  # not running
+                _task("t13", "w-calm", nodes=2, runtime_class_s=1000 * H),  # a gang's ranks
             ],
         )
-    model = CapacityModel({"spot/g.1/z1": 0.1, "spot/g.1/z2": 0.6}, prior_rate=0.24, boot_h=0.05)
+    rates = {"spot/g.1/z1": 0.1, "spot/g.1/z2": 0.6}
+    model = CapacityModel(rates, prior_rate=0.24, boot_h=0.05, wait_target_h=0.5, standby_miss=0.05)
     with sessions() as s:
-        standby = standby_exposure(s, model)
+        standby = standby_exposure(s, model, NOW)
     assert dict(standby.exposure) == {
-        Shape("vision", "gpu", 1): Exposure(3, pytest.approx(0.1 + 0.1 + 0.6), 10.0),  # type: ignore[arg-type]
-        Shape("vision", "gpu", 2): Exposure(1, pytest.approx(0.1), None),  # type: ignore[arg-type]
+        Shape("vision", "gpu", 1): Exposure(4, pytest.approx(0.1 + 0.1 + 0.6 + 0.1), 1000.0),  # type: ignore[arg-type]
+        Shape("vision", "gpu", 2): Exposure(1, pytest.approx(0.1), 1000.0),  # type: ignore[arg-type]
     }
-    assert standby.boot_h == 0.05
-    # An offering with no estimate counts at the prior.
+    assert standby.boot_h == 0.05 and standby.miss == 0.05
     with sessions() as s:
-        prior = standby_exposure(s, CapacityModel(prior_rate=0.24))
-    assert prior.exposure[Shape("vision", "gpu", 1)].reclaims_per_hour == pytest.approx(0.72)
+        # An offering with no estimate counts at the prior.
+        prior = standby_exposure(s, replace(model, reclaim_rates={}), NOW)
+        assert prior.exposure[Shape("vision", "gpu", 1)].reclaims_per_hour == pytest.approx(0.96)
+        # Without a wait target no task needs standby.
+        assert standby_exposure(s, replace(model, wait_target_h=None), NOW).exposure == {}
 
 
 def test_standby_is_on_only_with_a_wait_target_and_can_be_turned_off(config: AutoscalerConfig) -> None:
