@@ -158,16 +158,43 @@ class CapacityModel:
             spent = math.floor(spent * miss + 0.5)
         return TaskProfile(runtime, spec, self.wait_target_h, spent, miss)
 
-    def needs_standby(self, key: str, remaining_h: float, checkpoints: str | None, reclaims_so_far: int) -> bool:
-        """Whether a checkpointing task running on spot offering `key`, with about
-        `remaining_h` hours left, would pass its wait target if every reclaim from now
-        on waited a boot: the tasks standby machines are for (planner.standby). Those
-        that keep the target anyway, or restart from zero, or with no target, are not."""
+    def standby_miss_needed(
+        self, key: str, remaining_h: float, checkpoints: str | None, reclaims_so_far: int
+    ) -> float | None:
+        """For a checkpointing task running on spot offering `key` with about
+        `remaining_h` hours left: None when it keeps its wait target even if every
+        reclaim from now on waits a boot (or restarts from zero, or no target, or no
+        standby); otherwise the largest chance per reclaim of finding no standby machine
+        free with which it still keeps the target, never below `standby_miss` (the
+        choice's own assumption). What standby machines are sized by (planner.standby)."""
         profile = self.profile(max(remaining_h, 1e-6), checkpoints, reclaims_so_far)
-        if profile.wait_target_h is None or profile.standby_miss is None:
-            return False
-        bare = replace(profile, standby_miss=None)
-        return _expected_cost(Option(key, SPOT, 1.0, self.rate(key)), bare, boot_h=self.boot_h).misses_wait_target
+        floor = profile.standby_miss
+        if profile.wait_target_h is None or floor is None:
+            return None
+        bare = _expected_cost(
+            Option(key, SPOT, 1.0, self.rate(key)), replace(profile, standby_miss=None), boot_h=self.boot_h
+        )
+        if not bare.misses_wait_target:
+            return None
+        n = wait_allowance(profile, self.boot_h)
+        if n is None or n < 0 or not 0.0 < bare.expected_reclaims < math.inf:
+            return floor
+        return max(poisson_mean_within(n) / bare.expected_reclaims, floor)
+
+
+def poisson_mean_within(n: int, share: float = WAIT_MISS_SHARE) -> float:
+    """The largest Poisson mean whose chance of more than `n` is at most `share`
+    (bisection; 0 for n < 0). For n = 9 and 5 %: 5.43."""
+    if n < 0:
+        return 0.0
+    lo, hi = 0.0, float(n) + 10.0 * math.sqrt(n + 1.0) + 10.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if _poisson_tail(mid)(n) <= share:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,12 @@ all (each task's machine's estimated reclaim rate, summed); each reclaim takes a
 machine, and a replacement standby boots in `boot_h`. Replacements still booting are
 then Poisson of mean `rate x boot_h` (an M/G/infinity queue), and a reclaimed task finds
 no standby free exactly when `S` or more are booting. So `S` is the smallest count with
-`P(N >= S) <= STANDBY_MISS`, at least one. The capacity choice counts a reclaim of a
+`P(N >= S) <= STANDBY_MISS` (1 %), at least one. The capacity choice counts a reclaim of a
 covered task as a boot of wait with chance `STANDBY_MISS`, not always
-(`capacity_choice.CapacityModel.standby_miss`).
+(`capacity_choice.CapacityModel.standby_miss`). A shape whose tasks keep their
+targets with a higher miss chance (a few, or not so long) is sized for the highest
+that keeps every one of them, up to `MAX_MISS`: one machine for a lone 1,000 h task at
+0.24/h, not two.
 
 Tasks on one machine are reclaimed together; the rate counts each task, so the mean is
 right, but bursts are larger than Poisson. Standby machines are launched through the
@@ -28,9 +31,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# The chance a reclaimed covered task finds no standby free and waits a boot: the
-# 5 % a p95 wait target tolerates.
-STANDBY_MISS = 0.05
+# The chance a reclaimed covered task finds no standby free and waits a boot. Not the
+# 5 % a p95 target tolerates per task: a task of 1,000 h at 0.24/h lives through 240
+# reclaims, and at 5 % each it would wait 12 boots (past a 30 min target at 3 min
+# boots); at 1 % it waits 2.4. One machine per shape already gets there wherever the
+# shape is reclaimed less than 0.2 times an hour (3 min boots).
+STANDBY_MISS = 0.01
+# The most a shape's standby is sized to miss, however little its tasks need: the 5 %
+# a p95 target tolerates.
+MAX_MISS = 0.05
 # Never more standby machines than this per shape, however high the rate: past it the
 # reclaims come faster than machines boot, and on-demand is the answer.
 MAX_STANDBY = 8
@@ -54,9 +63,12 @@ class Exposure:
 
     tasks: int
     reclaims_per_hour: float  # summed over the tasks (each its machine's rate)
-    # The longest expected run time among them (hours; None: not known): a standby is
-    # placed as for such a task (the calmest zone where that pays).
+    # The longest expected run time left among them (hours; None: not known): a standby
+    # is placed as for such a task (the calmest zone where that pays).
     runtime_h: float | None = None
+    # The largest chance per reclaim of finding no standby free with which every one of
+    # them keeps its wait target (`CapacityModel.standby_miss_needed`).
+    miss: float = STANDBY_MISS
 
 
 def standby_count(reclaims_per_hour: float, boot_h: float, miss: float = STANDBY_MISS) -> int:
@@ -95,11 +107,17 @@ class Standby:
     boot_h: float = 0.05
     miss: float = STANDBY_MISS
 
+    def miss_for(self, shape: Shape) -> float:
+        """The miss chance the shape's standby is sized for: what its tasks need, between
+        `miss` (what the capacity choice assumes) and `MAX_MISS`."""
+        return min(max(self.exposure[shape].miss, self.miss), MAX_MISS)
+
+    def count(self, shape: Shape) -> int:
+        return standby_count(self.exposure[shape].reclaims_per_hour, self.boot_h, self.miss_for(shape))
+
     def wanted(self) -> list[tuple[Shape, int]]:
         """Standby machines wanted per shape, largest need first (then by name: stable)."""
-        out = [
-            (shape, standby_count(e.reclaims_per_hour, self.boot_h, self.miss)) for shape, e in self.exposure.items()
-        ]
+        out = [(shape, self.count(shape)) for shape in self.exposure]
         out = [(s, n) for s, n in out if n > 0]
         out.sort(
             key=lambda sn: (-sn[0].gpus, sn[0].team, sn[0].queue, sn[0].gpu_type or "", sn[0].cpus, sn[0].memory_mb)

@@ -328,7 +328,7 @@ def recent_starts(session: Session, now: datetime, window_s: float = WINDOW_S) -
 
 def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> Standby:
     """Running checkpointing tasks on live spot machines that need standby machines to
-    keep their wait target (`CapacityModel.needs_standby`: their expected run time
+    keep their wait target (`CapacityModel.standby_miss_needed`: their expected run time
     left would pass it if every reclaim waited a boot), by
     shape, each counted at its machine's estimated reclaim rate (`model`): what standby
     machines are sized by (planner.standby). One GROUP BY over active tasks joined to
@@ -363,6 +363,7 @@ def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> S
     tasks: Counter[Shape] = Counter()
     rate: defaultdict[Shape, float] = defaultdict(float)
     longest: dict[Shape, float] = {}
+    miss: dict[Shape, float] = {}
     for team, queue, gpus, gpu_type, cpus, mem, checkpoints, runtime_s, created, k, itype, zone, n in rows:
         key = offering_key("spot", str(itype), zone)
         runtime_h = float(runtime_s) / 3600.0 if runtime_s else model.default_runtime_h
@@ -371,13 +372,15 @@ def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> S
         # as it has: the median remaining life of a heavy-tailed run time (the prior's
         # log-normal; a Pareto's exactly).
         left_h = runtime_h - ran_h if runtime_h > ran_h else ran_h
-        if not model.needs_standby(key, left_h, checkpoints, int(k or 0)):
+        need = model.standby_miss_needed(key, left_h, checkpoints, int(k or 0))
+        if need is None:
             continue
         shape = Shape(str(team), str(queue), int(gpus or 0), gpu_type, float(cpus or 0.0), int(mem or 0))
         tasks[shape] += int(n)
+        miss[shape] = min(miss.get(shape, 1.0), need)
         rate[shape] += int(n) * model.rate(key)
         longest[shape] = max(longest.get(shape, 0.0), left_h)
-    exposure = {s: Exposure(n, rate[s], longest.get(s)) for s, n in tasks.items()}
+    exposure = {s: Exposure(n, rate[s], longest.get(s), miss[s]) for s, n in tasks.items()}
     return Standby(exposure, model.boot_h, model.standby_miss or STANDBY_MISS)
 
 

@@ -22,6 +22,7 @@ from autoscaler.planner.capacity_choice import (
     TaskProfile,
     choose,
     expected_cost,
+    poisson_mean_within,
 )
 from autoscaler.planner.reclaim_rate import ReclaimPrior, posterior
 
@@ -354,14 +355,24 @@ def test_the_model_counts_covered_reclaims_as_boots_only_at_the_miss_chance() ->
 
 
 def test_standby_is_needed_only_by_tasks_whose_reclaims_would_pass_the_target_without_it() -> None:
-    model = CapacityModel({"spot/a": 0.24}, wait_target_h=0.5, standby_miss=0.05)
-    # 30 h left at 0.24/h: 7.3 reclaims expected, each a boot without standby: 20 % past 9.
-    assert model.needs_standby("spot/a", 30.0, "on-signal", 0)
-    # 10 h left: 2.4 expected, 0.02 %: keeps the target on its own.
-    assert not model.needs_standby("spot/a", 10.0, "on-signal", 0)
-    # The same after 200 covered reclaims: round(0.05 x 200) = 10 boots spent, past 9.
-    assert model.needs_standby("spot/a", 10.0, "on-signal", 200)
+    model = CapacityModel({"spot/a": 0.24}, wait_target_h=0.5, standby_miss=0.01)
+    # The largest Poisson mean with P(N > 9) <= 5 %: 9 more reclaims allowed at 30 min
+    # and 3 min boots.
+    within = poisson_mean_within(9)
+    assert within == pytest.approx(5.4254, abs=1e-3)
+    assert 1 - sum(math.exp(-within) * within**i / math.factorial(i) for i in range(10)) == pytest.approx(0.05)
+    # 30 h left at 0.24/h: 7.287 reclaims expected, 20 % past 9 if each waited a boot: it
+    # keeps the target while a reclaim finds no standby with chance up to 5.43 / 7.287.
+    need = model.standby_miss_needed("spot/a", 30.0, "on-signal", 0)
+    assert need == pytest.approx(within / (0.24 * 30.0 / (1 - 0.24 * 0.05)))
+    # 1,000 h: 242.9 expected, so at most 2.2 % (a lone such task needs one machine).
+    assert model.standby_miss_needed("spot/a", 1000.0, "on-signal", 0) == pytest.approx(0.02234, abs=1e-4)
+    # 10 h left: 2.4 expected, 0.02 % past 9: keeps the target on its own.
+    assert model.standby_miss_needed("spot/a", 10.0, "on-signal", 0) is None
+    # After 1,000 covered reclaims (round(0.01 x 1,000) = 10 boots spent) none is left:
+    # the least the choice assumes, 1 %.
+    assert model.standby_miss_needed("spot/a", 10.0, "on-signal", 1000) == 0.01
     # Restarting from zero, no target, or no standby: never.
-    assert not model.needs_standby("spot/a", 30.0, "none", 0)
-    assert not replace(model, wait_target_h=None).needs_standby("spot/a", 30.0, "on-signal", 0)
-    assert not replace(model, standby_miss=None).needs_standby("spot/a", 30.0, "on-signal", 0)
+    assert model.standby_miss_needed("spot/a", 30.0, "none", 0) is None
+    assert replace(model, wait_target_h=None).standby_miss_needed("spot/a", 30.0, "on-signal", 0) is None
+    assert replace(model, standby_miss=None).standby_miss_needed("spot/a", 30.0, "on-signal", 0) is None

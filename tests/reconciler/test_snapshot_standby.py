@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autoscaler.config import AutoscalerConfig
 from autoscaler.planner.capacity_choice import CapacityModel
-from autoscaler.planner.standby import Exposure, Shape
+from autoscaler.planner.standby import Shape
 from autoscaler.queueing.capacity_view import capacity_model, standby_on
 from autoscaler.queueing.queues import sync_from_config
 from autoscaler.reconciler.snapshot import standby_exposure
@@ -112,11 +112,17 @@ def test_only_checkpointing_work_on_live_spot_that_needs_it_counts_each_at_its_m
     model = CapacityModel(rates, prior_rate=0.24, boot_h=0.05, wait_target_h=0.5, standby_miss=0.05)
     with sessions() as s:
         standby = standby_exposure(s, model, NOW)
-    assert dict(standby.exposure) == {
-        Shape("vision", "gpu", 1): Exposure(4, pytest.approx(0.1 + 0.1 + 0.6 + 0.1), 1000.0),  # type: ignore[arg-type]
-        Shape("vision", "gpu", 2): Exposure(1, pytest.approx(0.1), 1000.0),  # type: ignore[arg-type]
-    }
-    assert standby.boot_h == 0.05 and standby.miss == 0.05
+    one, two = Shape("vision", "gpu", 1), Shape("vision", "gpu", 2)
+    assert set(standby.exposure) == {one, two}
+    assert standby.exposure[one].tasks == 4
+    assert standby.exposure[one].reclaims_per_hour == pytest.approx(0.1 + 0.1 + 0.6 + 0.1)
+    assert standby.exposure[one].runtime_h == 1000.0
+    assert (standby.exposure[two].tasks, standby.exposure[two].reclaims_per_hour) == (1, pytest.approx(0.1))
+    # Each shape is sized for the most exposed of its tasks: the least miss chance any
+    # needs (t1: 1,000 h at 0.1/h, 5.43 / 100.5 expected reclaims), never below 1 %.
+    assert standby.exposure[one].miss == pytest.approx(model.standby_miss_needed("spot/g.1/z1", 1000.0, "on-signal", 0))
+    assert standby.exposure[one].miss == pytest.approx(0.054, abs=1e-3)
+    assert standby.boot_h == 0.05 and standby.miss == 0.05  # the model's own
     with sessions() as s:
         # An offering with no estimate counts at the prior.
         prior = standby_exposure(s, replace(model, reclaim_rates={}), NOW)
@@ -129,7 +135,7 @@ def test_standby_is_on_only_with_a_wait_target_and_can_be_turned_off(config: Aut
     cap = config.capacity
     assert not standby_on(cap)  # no wait target by default
     target = cap.model_copy(update={"wait_target_s": 1800.0})
-    assert standby_on(target) and capacity_model(target, {}).standby_miss == 0.05
+    assert standby_on(target) and capacity_model(target, {}).standby_miss == 0.01
     off = target.model_copy(update={"standby": False})
     assert not standby_on(off) and capacity_model(off, {}).standby_miss is None
     assert not standby_on(target.model_copy(update={"enabled": False}))
