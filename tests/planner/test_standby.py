@@ -189,8 +189,9 @@ def test_standby_never_breaks_a_pool_max_or_a_quota_nor_buys_beyond_what_is_want
     p = plan(inp)
     without = plan(base)
     standby = [launch for launch in p.launches if launch.answers == ()]
-    # Queued work's launches are the same with or without standby.
+    # Queued work is placed, launched for and held exactly as without standby.
     assert [launch for launch in p.launches if launch.answers] == list(without.launches)
+    assert (p.placed_on_existing, p.holds) == (without.placed_on_existing, without.holds)
     assert all(launch.offering.capacity_type == "spot" and launch.team == "vision" for launch in standby)
     assert len(instances) + len(p.launches) <= max(max_instances, len(instances))
     assert len(standby) <= standby_count(rate, BOOT_H)

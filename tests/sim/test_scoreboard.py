@@ -196,7 +196,11 @@ def test_cli_wait_target_is_set_in_the_simulated_config_and_the_report(tmp_path:
     cmd = [sys.executable, "-m", "autoscaler", "simulate", "--workload", "synthetic:2:6", "--out", str(tmp_path)]
     proc = subprocess.run([*cmd, "--wait-target", "30"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "report.json").read_text())["settings"]["wait_target_s"] == 1800.0
+    settings = json.loads((tmp_path / "report.json").read_text())["settings"]
+    assert settings["wait_target_s"] == 1800.0 and "standby" not in settings  # on by default
+    off = subprocess.run([*cmd, "--wait-target", "30", "--no-standby"], capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["standby"] is False
     bad = subprocess.run([*cmd, "--wait-target", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--wait-target" in bad.stderr and "Traceback" not in bad.stderr
 
