@@ -74,15 +74,10 @@ class Exposure:
 def standby_count(reclaims_per_hour: float, boot_h: float, miss: float = STANDBY_MISS) -> int:
     """The fewest standby machines with which a reclaim finds none free with chance at
     most `miss`: the smallest `S >= 1` with `P(Poisson(rate x boot) >= S) <= miss`."""
-    mean = max(reclaims_per_hour, 0.0) * max(boot_h, 0.0)
     if reclaims_per_hour <= 0.0:
         return 0
-    term = math.exp(-mean)  # P(N = 0)
-    below = term  # P(N < s) for s = 1
     s = 1
-    while 1.0 - below > miss and s < MAX_STANDBY:
-        term *= mean / s
-        below += term
+    while miss_chance(reclaims_per_hour, boot_h, s) > miss and s < MAX_STANDBY:
         s += 1
     return s
 
