@@ -15,6 +15,15 @@ from autoscaler.admission.quota import Quota
 from autoscaler.policy.schema import Decision, TeamDecision
 
 DEFAULT_TEAM = ""
+# The team a machine is launched for when it is launched for none (a pool's
+# `min_instances`, a shared standby machine): the ledger's shared line pays its unused
+# time, and under `tenancy: team` it belongs to whichever team holds it now.
+SHARED_TEAM = "shared"
+
+
+def launched_for(team: str | None) -> str | None:
+    """The team an instance record says it was launched for; None for none."""
+    return None if team is None or team == SHARED_TEAM else team
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from autoscaler.admission.fit import Need
 from autoscaler.admission.gate import Machine, refusal
-from autoscaler.admission.model import TeamAdmission
+from autoscaler.admission.model import TeamAdmission, launched_for
 from autoscaler.admission.quota import Quota, cap
 from autoscaler.admission.right_size import Size, held_back
 from autoscaler.lifecycle import TASK_ACTIVE
@@ -221,7 +221,7 @@ def explain_task(
         if held_back(Need(task.gpus, None, task.cpus, task.memory_mb), inst.smaller):
             continue  # bought for larger work: a right-sized machine is on its way
         if adm is not None:
-            machine = Machine(inst.pool, inst.gpus, inst.hourly_price, inst.team, inst.capacity_type)
+            machine = Machine(inst.pool, inst.gpus, inst.hourly_price, launched_for(inst.team), inst.capacity_type)
             if refusal(adm, machine, task.gpus, room) is not None:
                 continue
         elapsed = max((now - inst.since).total_seconds(), 0.0)

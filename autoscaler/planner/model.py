@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.admission.model import SHARED_TEAM as SHARED_TEAM  # re-exported: launches name it
 from autoscaler.admission.right_size import Size
 from autoscaler.lifecycle import INSTANCE_BOOTING, INSTANCE_DEAD, INSTANCE_LIVE
 from autoscaler.planner.capacity_choice import CapacityModel
@@ -26,7 +27,6 @@ from autoscaler.policy.schema import Decision
 LIVE_STATES = INSTANCE_LIVE
 BOOTING_STATES = INSTANCE_BOOTING
 DEAD_STATES = INSTANCE_DEAD
-SHARED_TEAM = "shared"
 
 
 @dataclass(frozen=True, slots=True)

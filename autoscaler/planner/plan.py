@@ -35,7 +35,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 from autoscaler.admission import right_size
 from autoscaler.admission.fit import Need, gpu_type_matches
 from autoscaler.admission.gate import Machine, added_spend, gang_limits, placement_refusal
-from autoscaler.admission.model import TeamAdmission, from_decision
+from autoscaler.admission.model import TeamAdmission, from_decision, launched_for
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
@@ -1558,10 +1558,10 @@ def _machine(pool: PoolView, gpus: int, inst: InstanceView | None, tenant: str |
         pool.name,
         inst.gpus or gpus,
         inst.hourly_price,
-        inst.team if pool.unused_cost != "shared" else None,
+        launched_for(inst.team) if pool.unused_cost != "shared" else None,
         inst.capacity_type,
         exclusive=exclusive,
-        tenant=inst.team or tenant,
+        tenant=launched_for(inst.team) or tenant,
         smaller=inst.smaller,
     )
 

@@ -23,7 +23,7 @@ from autoscaler.admission import right_size
 from autoscaler.admission import store as admission_store
 from autoscaler.admission.fit import Need, Room, gpu_type_matches
 from autoscaler.admission.gate import Machine, added_spend, gang_limits, largest_admissible
-from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission
+from autoscaler.admission.model import DEFAULT_TEAM, AdmissionTable, TeamAdmission, launched_for
 from autoscaler.admission.quota import over_borrowed
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.admission.shapes import Catalog
@@ -510,7 +510,7 @@ def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) ->
     if inst is None:
         return Machine(worker.pool, worker.gpu_count, exclusive=exclusive, tenant=min(holders, default=None))
     # The ledger charges free GPUs to the launcher, or to `shared` under unused_cost: shared.
-    charged = inst.team if worker.unused_cost != "shared" else None
+    charged = launched_for(inst.team) if worker.unused_cost != "shared" else None
     return Machine(
         worker.pool,
         inst.gpus or worker.gpu_count,
@@ -518,7 +518,7 @@ def machine_of(session: Session, worker: Worker, active: Sequence[Task] = ()) ->
         charged,
         inst.capacity_type,
         exclusive=exclusive,
-        tenant=inst.team or min(holders, default=None),
+        tenant=launched_for(inst.team) or min(holders, default=None),
         smaller=right_size.from_json(inst.smaller_machines),
     )
 

@@ -62,3 +62,25 @@ def test_shipped_policy_decision_reaches_the_lease_gate(sqlite_sessions, clock, 
         launched = s.query(Instance).all()
     # The launch for vision used its headroom or none was set; the row is there either way.
     assert launched and all(i.team == "vision" for i in launched)
+
+
+def test_a_pool_minimum_machine_serves_whichever_team_holds_it(sqlite_sessions, clock, shipped_policy) -> None:
+    """A machine launched for no team (the pool's min_instances) in a `tenancy: team`
+    pool belongs to the team whose work holds it, one team at a time, and to any team
+    once free. Before, its instance record's launch team ("shared") was taken for its
+    tenant, so no team could ever lease it."""
+    rig = make_rig(sqlite_sessions, _config_with_min(1), clock, shipped_policy)
+    rig.reconciler().run_cycle()
+    (inst,) = rig.instances()
+    assert inst.team == "shared"
+    wid = rig.register(rig.instance(inst.id))
+    first = rig.enqueue(team="vision")
+    assert rig.lease(wid) == first
+    rig.finish(wid, first)
+    second = rig.enqueue(team="nlp")
+    assert rig.lease(wid) == second
+    # The planner sees it the same way: nlp's next task waits for a machine of its own
+    # or this one, and vision's queued task gets a launch (the machine is nlp's now).
+    rig.enqueue(team="vision")
+    result = rig.reconciler().run_cycle()
+    assert [launch.team for launch in result.plan.launches] == ["vision"]
