@@ -455,6 +455,12 @@ class CapacityConfig(_Strict):
         "a reclaimed one moves at its notice instead of waiting a boot (and keeps spot, not on-demand); false: no "
         "standby machines.",
     )
+    standby_scope: Literal["shared", "team"] = Field(
+        "shared",
+        description="shared: standby machines stand by for every team with the same placement (launched for no team: "
+        "the shared line pays their idle time, a team pays from when its task takes one); team: each team's own, "
+        "launched for and billed to it.",
+    )
     enabled: bool = Field(True, description="False: the pool's capacity-type order alone decides (spot first).")
 
 

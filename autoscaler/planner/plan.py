@@ -28,7 +28,7 @@ import heapq
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -39,7 +39,7 @@ from autoscaler.admission.model import TeamAdmission, from_decision, launched_fo
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
-from autoscaler.planner.capacity_choice import CapacityModel, Option, choose, expected_cost, ranks
+from autoscaler.planner.capacity_choice import SPOT, CapacityModel, Option, choose, expected_cost, ranks
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -1128,18 +1128,29 @@ def _standby(
     quota or headroom a queued task could use. Free capacity that would take a task of
     the shape now (an idle machine, a booting one, free GPUs) counts first and is kept
     from step 4; the rest is launched as spot through the admission a task's machine
-    goes through: the team's placement, quota and spend headroom, the pool's max."""
+    goes through: the team's placement, quota and spend headroom, the pool's max. A
+    shared shape (`Standby.pooled`) counts only capacity every one of its teams may
+    use, and its machines are launched for no team (no team's quota or headroom is
+    spent until a task takes one: the lease gate asks then)."""
     rule = sc.inp.standby
     if rule is None or sc.inp.decision.fail_safe:
         return [], []
+    # A team that may not grow holds no spare machines, and shares none either.
+    growing = {
+        team: td
+        for team in {s.team for s in rule.exposure}
+        if team not in sc.drained_teams and (td := sc.tds[team]).may_scale_up and book.headroom[team] > 1e-9
+    }
+    if rule.shared:
+        rule = rule.pooled({team: _placement(td) for team, td in growing.items()})
     launches: list[Launch] = []
     notes: list[str] = []
     for shape, want in rule.wanted():
-        td = sc.tds[shape.team]
-        if shape.team in sc.drained_teams or not td.may_scale_up:
-            continue  # a team that may not grow holds no spare machines either
-        queue = sc.queues.get(shape.queue)
         exposure = rule.exposure[shape]
+        teams = exposure.teams or (shape.team,)
+        if any(team not in growing for team in teams):
+            continue
+        queue = sc.queues.get(shape.queue)
         need = shape.gpus if shape.gpus > 0 else 1
         unit = _Unit(
             shape.team,
@@ -1157,7 +1168,11 @@ def _standby(
             runtime_h=exposure.runtime_h,
             checkpoints="on-signal",
         )
-        admit = book.admitter(unit)
+        admitters = [book.admitter(replace(unit, team=team)) for team in teams]
+
+        def admit(machine: Machine, admitters: list[Callable[[Machine], bool]] = admitters) -> bool:
+            return all(a(machine) for a in admitters)
+
         have = 0
         for pool in sc.ranked.get(shape.queue, ()):
             index = cap.slots.get(pool.name)
@@ -1168,25 +1183,39 @@ def _standby(
                 index.take(pos, unit).used = True
                 have += 1
         why = ""
+        reason = rule.reason(shape, want)
         while have < want:
-            launch, why = _standby_launch(sc, book, packer, unit, td, rule.reason(shape, want))
+            launch, why = _standby_launch(sc, book, packer, unit, teams, reason)
             if launch is None:
                 break
             launches.append(launch)
             have += 1
         if have < want:
-            notes.append(f"{rule.reason(shape, want)}; only {have} stand by: {why}")
+            notes.append(f"{reason}; only {have} stand by: {why}")
     return launches, notes
 
 
+def _placement(td: TeamDecision) -> tuple[str, ...] | None:
+    """The pools a team may use, in one order (None: any): teams with the same share
+    standby machines."""
+    return None if td.allowed_pools is None else tuple(sorted(td.allowed_pools))
+
+
 def _standby_launch(
-    sc: _Scope, book: _TeamBook, packer: _Packer, unit: _Unit, td: TeamDecision, reason: str
+    sc: _Scope, book: _TeamBook, packer: _Packer, unit: _Unit, teams: tuple[str, ...], reason: str
 ) -> tuple[Launch | None, str]:
     """One standby machine for `unit`'s shape: the spot offering of least expected cost
-    over the queue's pools that admit it, or None and why not."""
-    left = book.quota_left(unit.team)
-    if left is not None and unit.gpus > left:
-        return None, book.quota_reason(unit, left)
+    over the queue's pools that admit it, or None and why not. A shared shape's
+    machine (unit team SHARED_TEAM) must be one each of its `teams` could hold: the
+    first team's offering choice within the smallest headroom among them."""
+    shared = unit.team == SHARED_TEAM
+    if not shared:
+        left = book.quota_left(unit.team)
+        if left is not None and unit.gpus > left:
+            return None, book.quota_reason(unit, left)
+    tds = [sc.tds[t] for t in teams]
+    td = tds[0]
+    headroom = min(book.headroom[t] for t in teams)
     best: tuple[PoolView, OfferingView, float] | None = None
     reasons: list[str] = []
     for pool in sc.ranked.get(unit.queue, ()):
@@ -1197,9 +1226,12 @@ def _standby_launch(
         if packer.count[pool.name] >= packer.bounds.max_eff[pool.name]:
             reasons.append(f"pool {pool.name} at its max of {packer.bounds.max_eff[pool.name]} instances")
             continue
-        offering, why, score, _ = packer.chooser.choose_scored(pool, unit, td, unit.gpus, book.headroom[unit.team])
-        if offering is None or offering.capacity_type != "spot":
+        offering, why, score, _ = packer.chooser.choose_scored(pool, unit, td, unit.gpus, headroom)
+        if offering is None or offering.capacity_type != SPOT:
             reasons.append(why or f"pool {pool.name}: spot is not the choice for this shape")
+            continue
+        if any(SPOT not in other.allowed_capacity_types for other in tds[1:]):
+            reasons.append("not every team of the shared shape may use spot")
             continue
         if best is None or score < best[2] - 1e-9:
             best = (pool, offering, score)
@@ -1207,8 +1239,9 @@ def _standby_launch(
         return None, "; ".join(reasons) or f"queue {unit.queue} has no cloud pool"
     pool, offering, _ = best
     packer.count[pool.name] += 1
-    book.headroom[unit.team] -= offering.hourly_price
-    book.allocated[unit.team] += unit.gpus
+    if not shared:
+        book.headroom[unit.team] -= offering.hourly_price
+        book.allocated[unit.team] += unit.gpus
     why = f"{reason}; {offering.key} at {offering.hourly_price:.2f} USD/h"
     return Launch(pool.name, offering, unit.team, (), why, smaller=packer.smaller(pool, offering, unit)), ""
 

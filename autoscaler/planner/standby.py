@@ -23,13 +23,23 @@ Tasks on one machine are reclaimed together; the rate counts each task, so the m
 right, but bursts are larger than Poisson. Standby machines are launched through the
 same admission as a task's machine (the team's placement, quota, spend headroom, the
 pool's max): the planner's step 3b (`planner.plan`).
+
+Shared (`capacity.standby_scope: shared`, the default): the shapes of teams with the
+same placement are one shape (`Standby.pooled`), so a few machines stand by for every
+team's tasks of that shape instead of one or more per team. The rate is the teams'
+summed rate and the count is sized for the strictest of them. Such a machine is
+launched for no team: the shared line pays its idle time, and the team whose reclaimed
+task takes it pays from then on, within its own admission (the lease gate).
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from autoscaler.admission.model import SHARED_TEAM
 
 # The chance a reclaimed covered task finds no standby free and waits a boot. Not the
 # 5 % a p95 target tolerates per task: a task of 1,000 h at 0.24/h lives through 240
@@ -49,12 +59,14 @@ MAX_STANDBY = 8
 class Shape:
     """What a replacement machine must fit: one running task's shape."""
 
-    team: str
+    team: str  # SHARED_TEAM: the shapes of several teams (`Standby.pooled`)
     queue: str
     gpus: int
     gpu_type: str | None = None
     cpus: float = 0.0
     memory_mb: int = 0
+    # A shared shape's teams' placement: the pools they may all use (None: any).
+    pools: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +81,8 @@ class Exposure:
     # The largest chance per reclaim of finding no standby free with which every one of
     # them keeps its wait target (`CapacityModel.standby_miss_needed`).
     miss: float = STANDBY_MISS
+    # A shared shape's teams, by name.
+    teams: tuple[str, ...] = ()
 
 
 def standby_count(reclaims_per_hour: float, boot_h: float, miss: float = STANDBY_MISS) -> int:
@@ -101,6 +115,33 @@ class Standby:
     exposure: Mapping[Shape, Exposure] = field(default_factory=dict)
     boot_h: float = 0.05
     miss: float = STANDBY_MISS
+    # Shared across teams (`capacity.standby_scope: shared`): the planner pools the
+    # shapes before it sizes them.
+    shared: bool = False
+
+    def pooled(self, placement: Mapping[str, tuple[str, ...] | None]) -> Standby:
+        """One shape per queue, GPUs, GPU type, CPUs, memory and placement, across the
+        teams in `placement` (team -> the pools it may use, None: any); the shapes of
+        other teams are left out. Rates and task counts add up; the miss chance is the
+        strictest team's, the run time left the longest."""
+        merged: defaultdict[Shape, list[tuple[str, Exposure]]] = defaultdict(list)
+        for shape, e in self.exposure.items():
+            if shape.team not in placement:
+                continue
+            pools = placement[shape.team]
+            key = Shape(SHARED_TEAM, shape.queue, shape.gpus, shape.gpu_type, shape.cpus, shape.memory_mb, pools)
+            merged[key].append((shape.team, e))
+        out: dict[Shape, Exposure] = {}
+        for key, parts in merged.items():
+            known = [e.runtime_h for _, e in parts if e.runtime_h is not None]
+            out[key] = Exposure(
+                sum(e.tasks for _, e in parts),
+                sum(e.reclaims_per_hour for _, e in parts),
+                max(known) if known else None,
+                min(e.miss for _, e in parts),
+                tuple(sorted({team for team, _ in parts})),
+            )
+        return replace(self, exposure=out)
 
     def miss_for(self, shape: Shape) -> float:
         """The miss chance the shape's standby is sized for: what its tasks need, between
@@ -123,8 +164,9 @@ class Standby:
         """Why `count` machines stand by for the shape, with the numbers."""
         e = self.exposure[shape]
         every = 60.0 / e.reclaims_per_hour if e.reclaims_per_hour > 0 else math.inf
+        whose = f"teams {', '.join(e.teams)} (shared)" if shape.team == SHARED_TEAM else f"team {shape.team}"
         return (
-            f"standby for team {shape.team}: {e.tasks} checkpointing task(s) of {shape.gpus} GPU(s) in "
+            f"standby for {whose}: {e.tasks} checkpointing task(s) of {shape.gpus} GPU(s) in "
             f"{shape.queue} run on spot, reclaimed about once every {every:.0f} min in all; with "
             f"{count} machine(s) standing by against a {self.boot_h * 60:.0f} min boot, a reclaimed task "
             f"waits for a boot with chance {miss_chance(e.reclaims_per_hour, self.boot_h, count):.1%}"

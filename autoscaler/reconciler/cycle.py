@@ -281,7 +281,8 @@ class Reconciler:
                 self._reclaim = self._evidence.refresh(s, now)
                 self._reclaim_at = now
             model = capacity_model(cap, self._reclaim)
-            standby = standby_exposure(s, model, now) if standby_on(cap) else None
+            shared = cap.standby_scope == "shared"
+            standby = standby_exposure(s, model, now, shared=shared) if standby_on(cap) else None
         return replace(snap, reclaim=dict(self._reclaim), capacity=model, standby=standby)
 
     def evaluate(self, snap: Snapshot) -> EvaluationResult:

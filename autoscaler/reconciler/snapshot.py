@@ -326,13 +326,13 @@ def recent_starts(session: Session, now: datetime, window_s: float = WINDOW_S) -
     }
 
 
-def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> Standby:
+def standby_exposure(session: Session, model: CapacityModel, now: datetime, *, shared: bool = False) -> Standby:
     """Running checkpointing tasks on live spot machines that need standby machines to
     keep their wait target (`CapacityModel.standby_miss_needed`: their expected run time
     left would pass it if every reclaim waited a boot), by
     shape, each counted at its machine's estimated reclaim rate (`model`): what standby
     machines are sized by (planner.standby). One GROUP BY over active tasks joined to
-    their instances."""
+    their instances. `shared`: the planner pools the shapes across teams."""
     columns = (
         Task.team,
         Task.queue,
@@ -381,7 +381,7 @@ def standby_exposure(session: Session, model: CapacityModel, now: datetime) -> S
         rate[shape] += int(n) * model.rate(key)
         longest[shape] = max(longest.get(shape, 0.0), left_h)
     exposure = {s: Exposure(n, rate[s], longest.get(s), miss[s]) for s, n in tasks.items()}
-    return Standby(exposure, model.boot_h, model.standby_miss or STANDBY_MISS)
+    return Standby(exposure, model.boot_h, model.standby_miss or STANDBY_MISS, shared)
 
 
 def policy_input(snap: Snapshot, config: AutoscalerConfig) -> PolicyInput:

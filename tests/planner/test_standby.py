@@ -52,8 +52,18 @@ def test_count_is_the_fewest_machines_a_reclaim_finds_none_of_with_at_most_one_p
 VISION_1 = Shape("vision", "gpu", 1)
 
 
-def _with(inp: PlanInput, rate: float = 1.0, tasks: int = 40, shape: Shape = VISION_1) -> PlanInput:
-    return replace(inp, standby=Standby({shape: Exposure(tasks, rate, 300.0)}, BOOT_H))
+def _with(
+    inp: PlanInput, rate: float = 1.0, tasks: int = 40, shape: Shape = VISION_1, *, shared: bool = False
+) -> PlanInput:
+    return replace(inp, standby=Standby({shape: Exposure(tasks, rate, 300.0)}, BOOT_H, shared=shared))
+
+
+def _teams(*teams: str, rate: float = 0.1, miss: float = 0.05, shared: bool = True) -> Standby:
+    """One long checkpointing 1-GPU task per team, each reclaimed at `rate`."""
+    return Standby({Shape(t, "gpu", 1): Exposure(1, rate, 300.0, miss) for t in teams}, BOOT_H, shared=shared)
+
+
+EIGHT = tuple(f"team{i}" for i in range(8))
 
 
 def _spot_pool(**kw: object) -> object:
@@ -159,6 +169,74 @@ def test_a_standby_on_a_team_pool_is_the_teams_and_right_sized() -> None:
     assert len(plan(_with(other)).launches) == 2
 
 
+def test_pooled_merges_the_shapes_of_teams_with_one_placement() -> None:
+    rule = Standby(
+        {
+            Shape("a", "gpu", 1): Exposure(2, 0.5, 10.0, 0.03),
+            Shape("b", "gpu", 1): Exposure(1, 0.2, None, 0.02),
+            Shape("c", "gpu", 1): Exposure(1, 0.3, 40.0, 0.05),
+            Shape("a", "gpu", 2): Exposure(1, 0.1, 5.0, 0.05),
+            Shape("frozen", "gpu", 1): Exposure(9, 9.0, 1.0, 0.01),
+        },
+        BOOT_H,
+        shared=True,
+    )
+    pooled = rule.pooled({"a": None, "b": None, "c": ("p1",)}).exposure
+    assert pooled == {
+        Shape("shared", "gpu", 1): Exposure(3, 0.7, 10.0, 0.02, ("a", "b")),
+        Shape("shared", "gpu", 1, pools=("p1",)): Exposure(1, 0.3, 40.0, 0.05, ("c",)),
+        Shape("shared", "gpu", 2): Exposure(1, 0.1, 5.0, 0.05, ("a",)),
+    }
+
+
+def test_shared_standby_is_launched_for_no_team_and_pools_the_teams_need() -> None:
+    inp = make_input(pools=(pool(),))
+    # Eight teams, each one task reclaimed at 0.1/h that keeps its target at 5 % misses:
+    # one machine each alone; shared, 0.8/h misses 3.9 % with one machine for all.
+    own = plan(replace(inp, standby=_teams(*EIGHT, shared=False)))
+    assert sorted(launch.team for launch in own.launches) == sorted(EIGHT)
+    p = plan(replace(inp, standby=_teams(*EIGHT)))
+    (launch,) = p.launches
+    assert launch.team == "shared" and launch.offering.capacity_type == "spot" and launch.answers == ()
+    assert launch.reason.startswith(
+        "standby for teams team0, team1, team2, team3, team4, team5, team6, team7 (shared): 8 checkpointing "
+        "task(s) of 1 GPU(s) in gpu run on spot, reclaimed about once every 75 min in all; with 1 machine(s) "
+        "standing by against a 3 min boot, a reclaimed task waits for a boot with chance 3.9%"
+    )
+    assert launch.offering.gpus == 1
+
+
+def test_shared_standby_counts_only_capacity_every_team_may_use() -> None:
+    def idle(team: str | None) -> PlanInput:
+        return make_input(
+            pools=(pool(tenancy="team", idle_timeout_s=60),),
+            workers=(worker("w-x", idle_s=3600, instance_id="i-x"),),
+            instances=(instance("i-x", team=team, worker_id="w-x", worker_state="idle"),),
+        )
+
+    # vision's idle machine on a team pool is no standby for nlp: one is launched, and
+    # vision's machine is drained past its idle timeout as without standby.
+    p = plan(replace(idle("vision"), standby=_teams("vision", "nlp")))
+    assert [launch.team for launch in p.launches] == ["shared"]
+    assert [d.worker_id for d in p.drains] == ["w-x"]
+    # A machine launched for no team (a pool minimum, a shared standby) is either's:
+    # it stands by, kept from the drain.
+    p = plan(replace(idle("shared"), standby=_teams("vision", "nlp")))
+    assert p.launches == () and p.drains == ()
+
+
+def test_a_frozen_team_or_another_placement_is_not_pooled() -> None:
+    inp = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(may_scale_up=False)))
+    (launch,) = plan(replace(inp, standby=_teams(*EIGHT))).launches
+    assert "teams team1, team2, team3, team4, team5, team6, team7 (shared): 7 checkpointing" in launch.reason
+    apart = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(allowed_pools=["cloud"])))
+    reasons = sorted(launch.reason for launch in plan(replace(apart, standby=_teams(*EIGHT))).launches)
+    assert len(reasons) == 2
+    assert reasons[0].startswith("standby for teams team0 (shared): 1 checkpointing")
+    assert reasons[1].startswith("standby for teams team1, team2, team3, team4, team5, team6, team7 (shared)")
+    assert plan(replace(inp, standby=_teams(*EIGHT), decision=Decision.failed("boom"))).launches == ()
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     rate=st.floats(0.0, 80.0),
@@ -168,9 +246,17 @@ def test_a_standby_on_a_team_pool_is_the_teams_and_right_sized() -> None:
     max_instances=st.integers(0, 8),
     nominal=st.one_of(st.none(), st.integers(0, 10)),
     running=st.integers(0, 6),
+    shared=st.booleans(),
 )
 def test_standby_never_breaks_a_pool_max_or_a_quota_nor_buys_beyond_what_is_wanted(
-    rate: float, idle: int, booting: int, queued: int, max_instances: int, nominal: int | None, running: int
+    rate: float,
+    idle: int,
+    booting: int,
+    queued: int,
+    max_instances: int,
+    nominal: int | None,
+    running: int,
+    shared: bool,
 ) -> None:
     dec = decision(vision=TeamDecision(nominal_gpus=nominal)) if nominal is not None else Decision()
     workers = tuple(worker(f"w{i}", idle_s=30 * i, instance_id=f"i{i}") for i in range(idle))
@@ -185,17 +271,20 @@ def test_standby_never_breaks_a_pool_max_or_a_quota_nor_buys_beyond_what_is_want
         decision=dec,
         running_gpus={"vision": running},
     )
-    inp = _with(base, rate=rate)
+    inp = _with(base, rate=rate, shared=shared)
     p = plan(inp)
     without = plan(base)
     standby = [launch for launch in p.launches if launch.answers == ()]
     # Queued work is placed, launched for and held exactly as without standby.
     assert [launch for launch in p.launches if launch.answers] == list(without.launches)
     assert (p.placed_on_existing, p.holds) == (without.placed_on_existing, without.holds)
-    assert all(launch.offering.capacity_type == "spot" and launch.team == "vision" for launch in standby)
+    launched_for = "shared" if shared else "vision"
+    assert all(launch.offering.capacity_type == "spot" and launch.team == launched_for for launch in standby)
     assert len(instances) + len(p.launches) <= max(max_instances, len(instances))
     assert len(standby) <= standby_count(rate, BOOT_H)
-    if nominal is not None:
+    # A shared standby is no team's GPUs until a task takes it (the lease gate asks the
+    # quota then); a team's own counts against its quota now.
+    if nominal is not None and not shared:
         planned = sum(len(launch.answers) for launch in p.launches) + p.placed_on_existing
         assert running + planned + len(standby) <= max(nominal, running + planned)
     # Free capacity kept for standby is never drained; nothing else changes in step 4.
