@@ -21,6 +21,11 @@ class WarmPoolRule(StrEnum):
     fixed = "fixed"
 
 
+class StandbyScope(StrEnum):
+    shared = "shared"
+    team = "team"
+
+
 @app.command()
 def simulate(
     workload: Annotated[str, typer.Option("--workload", help="KIND:PATH; KIND is philly, alibaba or synthetic.")],
@@ -87,6 +92,13 @@ def simulate(
             help="What-if, with a wait target: keep booted spot machines standing by for checkpointing tasks on spot (the default), or not, so such tasks keep the target on on-demand. Default: the config's capacity.standby (on).",
         ),
     ] = None,
+    standby_scope: Annotated[
+        StandbyScope | None,
+        typer.Option(
+            "--standby-scope",
+            help="What-if, with standby: shared stands machines by for every team with the same placement (launched for no team); team gives each team its own. Default: the config's capacity.standby_scope (shared).",
+        ),
+    ] = None,
     idle_timeout: Annotated[
         float | None,
         typer.Option(
@@ -129,6 +141,9 @@ def simulate(
         cfg = cfg.model_copy(update={"capacity": capacity})
     if standby is not None:
         cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(update={"standby": standby})})
+    if standby_scope is not None:
+        capacity = cfg.capacity.model_copy(update={"standby_scope": standby_scope.value})
+        cfg = cfg.model_copy(update={"capacity": capacity})
     if idle_timeout is not None:
         pools = [p.model_copy(update={"idle_timeout_s": idle_timeout}) for p in cfg.pools]
         cfg = cfg.model_copy(update={"pools": pools})

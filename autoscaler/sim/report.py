@@ -33,6 +33,7 @@ def build(outcome: SimOutcome, policy_dir: Path | None) -> dict[str, Any]:
             # Only when set (`--wait-target`), so a default run's report is as before.
             **({"wait_target_s": cfg.capacity.wait_target_s} if cfg.capacity.wait_target_s is not None else {}),
             **({"standby": False} if not cfg.capacity.standby else {}),
+            **({"standby_scope": cfg.capacity.standby_scope} if cfg.capacity.standby_scope != "shared" else {}),
             # Likewise only when a pool keeps idle machines other than the default 300 s.
             **(
                 {"idle_timeout_s": sorted({p.idle_timeout_s for p in cfg.pools})}
