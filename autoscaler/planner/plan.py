@@ -1135,14 +1135,15 @@ def _standby(
     rule = sc.inp.standby
     if rule is None or sc.inp.decision.fail_safe:
         return [], []
-    # A team that may not grow holds no spare machines, and shares none either.
+    # A team that may not grow holds no spare machines, and shares none either; nor
+    # does one without spend headroom left (it could not take a shared one).
     growing = {
         team: td
         for team in {s.team for s in rule.exposure}
-        if team not in sc.drained_teams and (td := sc.tds[team]).may_scale_up and book.headroom[team] > 1e-9
+        if team not in sc.drained_teams and (td := sc.tds[team]).may_scale_up
     }
     if rule.shared:
-        rule = rule.pooled({team: _placement(td) for team, td in growing.items()})
+        rule = rule.pooled({team: _placement(td) for team, td in growing.items() if book.headroom[team] > 1e-9})
     launches: list[Launch] = []
     notes: list[str] = []
     for shape, want in rule.wanted():
