@@ -59,6 +59,16 @@ def _long_checkpointing_tasks_running(rig: Rig, teams: tuple[str, ...]) -> list[
     return out
 
 
+def _reclaimed_onto(rig: Rig, wid: str, task: str, standby_wid: str) -> None:
+    """The task's machine is reclaimed: it checkpoints and is requeued, its agent leaves,
+    and the standby's agent leases and starts it on its next poll, without a boot."""
+    rig.finish(wid, task, reason="interrupted", detail="spot")
+    rig.leave(wid)
+    assert rig.lease(standby_wid) == task
+    with transaction(rig.sessions) as s:
+        task_ops.mark_started(s, standby_wid, task, now=rig.clock.now())
+
+
 def _reasons(rig: Rig) -> list[str]:
     with rig.sessions() as s:
         last = s.scalars(select(DecisionRecord).order_by(DecisionRecord.id.desc()).limit(1)).one()
@@ -99,11 +109,7 @@ def test_a_long_checkpointing_task_on_spot_gets_a_standby_that_takes_it_at_its_r
     assert rig.worker(standby_wid).state == "idle"
     # The task's machine is reclaimed: it checkpoints and is requeued, and the standby's
     # agent leases it on its next poll, without a boot.
-    rig.finish(wid, task, reason="interrupted", detail="spot")
-    rig.leave(wid)
-    assert rig.lease(standby_wid) == task
-    with transaction(rig.sessions) as s:
-        task_ops.mark_started(s, standby_wid, task, now=clock.now())
+    _reclaimed_onto(rig, wid, task, standby_wid)
     # The next cycle stands a new machine by for it.
     clock.advance(20)
     rig.reconciler().run_cycle()
@@ -147,11 +153,7 @@ def test_a_shared_standby_serves_whichever_team_is_reclaimed_first(
         for r in _reasons(rig)
     )
     standby_wid = rig.register(rig.instance(standby[0].id))
-    rig.finish(nlp_wid, nlp_task, reason="interrupted", detail="spot")
-    rig.leave(nlp_wid)
-    assert rig.lease(standby_wid) == nlp_task
-    with transaction(rig.sessions) as s:
-        task_ops.mark_started(s, standby_wid, nlp_task, now=clock.now())
+    _reclaimed_onto(rig, nlp_wid, nlp_task, standby_wid)
     # The machine is nlp's while its task runs there; the next cycle stands another by.
     clock.advance(20)
     rig.reconciler().run_cycle()
