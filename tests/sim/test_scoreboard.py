@@ -201,6 +201,14 @@ def test_cli_wait_target_is_set_in_the_simulated_config_and_the_report(tmp_path:
     off = subprocess.run([*cmd, "--wait-target", "30", "--no-standby"], capture_output=True, text=True, timeout=120)
     assert off.returncode == 0, off.stderr
     assert json.loads((tmp_path / "report.json").read_text())["settings"]["standby"] is False
+    assert "standby_scope" not in settings  # shared by default
+    team = subprocess.run(
+        [*cmd, "--wait-target", "30", "--standby-scope", "team"], capture_output=True, text=True, timeout=120
+    )
+    assert team.returncode == 0, team.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["standby_scope"] == "team"
+    wrong = subprocess.run([*cmd, "--standby-scope", "pool"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "--standby-scope" in wrong.stderr and "Traceback" not in wrong.stderr
     bad = subprocess.run([*cmd, "--wait-target", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--wait-target" in bad.stderr and "Traceback" not in bad.stderr
 
