@@ -1136,14 +1136,20 @@ def _standby(
     if rule is None or sc.inp.decision.fail_safe:
         return [], []
     # A team that may not grow holds no spare machines, and shares none either; nor
-    # does one without spend headroom left (it could not take a shared one).
+    # does one that could not take a shared one (no spend headroom left, or no spot).
     growing = {
         team: td
         for team in {s.team for s in rule.exposure}
         if team not in sc.drained_teams and (td := sc.tds[team]).may_scale_up
     }
     if rule.shared:
-        rule = rule.pooled({team: _placement(td) for team, td in growing.items() if book.headroom[team] > 1e-9})
+        rule = rule.pooled(
+            {
+                team: _placement(td)
+                for team, td in growing.items()
+                if book.headroom[team] > 1e-9 and SPOT in td.allowed_capacity_types
+            }
+        )
     launches: list[Launch] = []
     notes: list[str] = []
     for shape, want in rule.wanted():
@@ -1207,15 +1213,15 @@ def _standby_launch(
 ) -> tuple[Launch | None, str]:
     """One standby machine for `unit`'s shape: the spot offering of least expected cost
     over the queue's pools that admit it, or None and why not. A shared shape's
-    machine (unit team SHARED_TEAM) must be one each of its `teams` could hold: the
-    first team's offering choice within the smallest headroom among them."""
+    machine (unit team SHARED_TEAM) must be one each of its `teams` could hold (they
+    share a placement and may all use spot): the first team's offering choice within
+    the smallest headroom among them."""
     shared = unit.team == SHARED_TEAM
     if not shared:
         left = book.quota_left(unit.team)
         if left is not None and unit.gpus > left:
             return None, book.quota_reason(unit, left)
-    tds = [sc.tds[t] for t in teams]
-    td = tds[0]
+    td = sc.tds[teams[0]]
     headroom = min(book.headroom[t] for t in teams)
     best: tuple[PoolView, OfferingView, float] | None = None
     reasons: list[str] = []
@@ -1230,9 +1236,6 @@ def _standby_launch(
         offering, why, score, _ = packer.chooser.choose_scored(pool, unit, td, unit.gpus, headroom)
         if offering is None or offering.capacity_type != SPOT:
             reasons.append(why or f"pool {pool.name}: spot is not the choice for this shape")
-            continue
-        if any(SPOT not in other.allowed_capacity_types for other in tds[1:]):
-            reasons.append("not every team of the shared shape may use spot")
             continue
         if best is None or score < best[2] - 1e-9:
             best = (pool, offering, score)

@@ -225,12 +225,15 @@ def test_shared_standby_counts_only_capacity_every_team_may_use() -> None:
     assert p.launches == () and p.drains == ()
 
 
-def test_a_frozen_team_one_without_headroom_or_another_placement_is_not_pooled() -> None:
+def test_a_frozen_team_one_without_headroom_or_spot_or_another_placement_is_not_pooled() -> None:
     inp = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(may_scale_up=False)))
     (launch,) = plan(replace(inp, standby=_teams(*EIGHT))).launches
     assert "teams team1, team2, team3, team4, team5, team6, team7 (shared): 7 checkpointing" in launch.reason
     broke = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(spend_headroom_per_hour=0.0)))
     (launch,) = plan(replace(broke, standby=_teams(*EIGHT))).launches
+    assert "teams team1, team2, team3, team4, team5, team6, team7 (shared): 7 checkpointing" in launch.reason
+    od_only = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(allowed_capacity_types=["on_demand"])))
+    (launch,) = plan(replace(od_only, standby=_teams(*EIGHT))).launches
     assert "teams team1, team2, team3, team4, team5, team6, team7 (shared): 7 checkpointing" in launch.reason
     apart = make_input(pools=(pool(),), decision=decision(team0=TeamDecision(allowed_pools=["cloud"])))
     reasons = sorted(launch.reason for launch in plan(replace(apart, standby=_teams(*EIGHT))).launches)
