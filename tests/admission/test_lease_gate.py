@@ -115,6 +115,33 @@ def test_shared_capacity_needs_headroom(setup, clock) -> None:
     assert [t.id if t else None for t in got] == [tasks[0], tasks[1], None, None]
 
 
+@pytest.mark.parametrize("launched_for", [None, "shared"])
+def test_a_no_team_machine_on_a_team_pool_admits_by_the_lease_gate_one_team_at_a_time(
+    setup, clock, launched_for: str | None
+) -> None:
+    """A machine launched for no team (a pool minimum, a shared standby: the reconciler
+    records its launch team as "shared") under `tenancy: team`: any team may take it,
+    but only through its own admission (a frozen team gets nothing; headroom caps
+    what a team takes), and once a team holds it no other team's work joins."""
+    s = setup.sessions
+    spare = machine(s, clock, team=launched_for, gpus=4, price=4.0, tenancy="team")
+    held = add_task(s, clock, team="ops")
+    clock.advance(1)
+    tasks = []
+    for _ in range(3):
+        tasks.append(add_task(s, clock, team="vision"))
+        clock.advance(1)
+    nlp = add_task(s, clock, team="nlp")
+    decide(
+        s,
+        clock,
+        Decision(teams={"ops": frozen(), "vision": TeamDecision(spend_headroom_per_hour=2.5), "nlp": TeamDecision()}),
+    )
+    got = [lease(s, clock, spare) for _ in range(4)]
+    assert [t.id if t else None for t in got] == [tasks[0], tasks[1], None, None]
+    assert get_task(s, held).state == "queued" and get_task(s, nlp).state == "queued"
+
+
 def test_quota_caps_leases(setup, clock) -> None:
     s = setup.sessions
     workers = [machine(s, clock, team="research", gpus=1) for _ in range(20)]
