@@ -39,7 +39,7 @@ from autoscaler.admission.model import TeamAdmission, from_decision, launched_fo
 from autoscaler.admission.quota import Quota
 from autoscaler.admission.quota import room as quota_room
 from autoscaler.lifecycle import WORKER_LEASABLE, InstanceState, WorkerState
-from autoscaler.planner.capacity_choice import SPOT, CapacityModel, Option, choose, expected_cost, ranks
+from autoscaler.planner.capacity_choice import SPOT, CapacityModel, Option, choose_costed, expected_cost, ranks
 from autoscaler.planner.model import (
     BOOTING_STATES,
     DEAD_STATES,
@@ -1647,8 +1647,11 @@ def _by_expected_cost(
         useful = min(o.gpus, useful_cap) if o.gpus else 1
         options[o.key] = capacity.option(o.key, o.capacity_type, o.hourly_price / max(useful, 1))
     allowed = set(td.allowed_capacity_types) & set(pool.capacity_types)
-    choice = choose(options.values(), profile, allowed, boot_h=capacity.boot_h)
-    order = ranks(expected_cost(opt, profile, boot_h=capacity.boot_h) for opt in options.values())
+    costed = [expected_cost(opt, profile, boot_h=capacity.boot_h) for opt in options.values()]
+    choice = choose_costed(
+        [c for c in costed if c.option.capacity_type in allowed], profile, allowed, boot_h=capacity.boot_h
+    )
+    order = ranks(costed)
     out: _Ranked = []
     for key, i, o in ranked:
         escalated = key[0] if profile.checkpointing.restarts_from_zero else 0
