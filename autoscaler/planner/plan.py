@@ -1035,12 +1035,62 @@ class _Packer:
             hit = self._smaller[key] = _smaller(pool, offering, u)
         return hit
 
+    def _pick(
+        self, u: _Unit, td: TeamDecision, reasons: list[str] | None
+    ) -> tuple[PoolView, OfferingView, str, float, int] | None:
+        """The pool and offering to buy a machine in for `u`, or None. Each pool passed
+        over says why in `reasons` when one is given: `_place` asks again with a list
+        only for a task it holds, so the words are not built for the thousands placed."""
+        max_eff = self.bounds.max_eff
+        picked: tuple[PoolView, OfferingView, str, float, int] | None = None
+        for pool in self.sc.ranked.get(u.queue, ()):
+            if pool.static:
+                if reasons is not None:
+                    reasons.append(f"static pool {pool.name} is full")
+                continue
+            if td.allowed_pools is not None and pool.name not in td.allowed_pools:
+                if reasons is not None:
+                    reasons.append(f"policy keeps team {u.team} out of pool {pool.name}")
+                continue
+            if pool.backoff_until is not None and pool.backoff_until > self.sc.inp.now:
+                if reasons is not None:
+                    reasons.append(
+                        f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}"
+                    )
+                continue
+            if self.count[pool.name] >= max_eff[pool.name]:
+                if reasons is not None:
+                    reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
+                continue
+            offering, why, score, spare = self.chooser.choose_scored(
+                pool, u, td, self.want[u.team_queue], self.book.headroom[u.team]
+            )
+            if offering is None:
+                if reasons is not None:
+                    reasons.append(why)
+                continue
+            if picked is None:
+                picked = (pool, offering, why, score, spare)
+                if offering.gpus <= u.gpus:
+                    break  # the task's own size: the pool order decides
+            elif offering.capacity_type == picked[1].capacity_type and (
+                score < picked[3] - 1e-9 or (score <= picked[3] + 1e-9 and offering.gpus < picked[1].gpus)
+            ):
+                # Right-sizing: the first pool's machine is larger than the task. A later
+                # pool's machine of the same capacity type goes instead when it costs the
+                # task less per GPU it uses (the first would leave GPUs the team's queued
+                # work cannot fill: a 4-GPU machine for one 2-GPU task), or as little on
+                # a smaller machine: a machine shared by several tasks is held until the
+                # longest of them ends, and run times are not known in advance.
+                picked = (pool, offering, why, score, spare)
+        return picked
+
     def _place(self, u: _Unit, td: TeamDecision, *, search_bins: bool = True) -> tuple[_FreeIndex[_Bin], int] | None:
         """Place one task in a bin of its team (new or not): where, or None if held.
         `search_bins=False`: the caller knows no bin of the team fits it. Afterwards
         `_searched_none` says whether no existing bin fitted (the task was held, or a
         new bin was bought for it)."""
-        sc, inp = self.sc, self.sc.inp
+        sc = self.sc
         # A bin already planned for this team is free: first fit over them, pools in
         # the queue's rank order, before buying another machine.
         team_bins = self.bins_by[u.team]
@@ -1058,42 +1108,7 @@ class _Packer:
         if shape in self.refused:
             self._hold(u, self.refused[shape])
             return None
-        reasons: list[str] = []
-        max_eff = self.bounds.max_eff
-        picked: tuple[PoolView, OfferingView, str, float, int] | None = None
-        for pool in sc.ranked.get(u.queue, ()):
-            if pool.static:
-                reasons.append(f"static pool {pool.name} is full")
-                continue
-            if td.allowed_pools is not None and pool.name not in td.allowed_pools:
-                reasons.append(f"policy keeps team {u.team} out of pool {pool.name}")
-                continue
-            if pool.backoff_until is not None and pool.backoff_until > inp.now:
-                reasons.append(f"pool {pool.name} backing off after launch errors until {pool.backoff_until:%H:%M:%S}")
-                continue
-            if self.count[pool.name] >= max_eff[pool.name]:
-                reasons.append(f"pool {pool.name} at its max of {max_eff[pool.name]} instances")
-                continue
-            offering, why, score, spare = self.chooser.choose_scored(
-                pool, u, td, self.want[u.team_queue], self.book.headroom[u.team]
-            )
-            if offering is None:
-                reasons.append(why)
-                continue
-            if picked is None:
-                picked = (pool, offering, why, score, spare)
-                if offering.gpus <= u.gpus:
-                    break  # the task's own size: the pool order decides
-            elif offering.capacity_type == picked[1].capacity_type and (
-                score < picked[3] - 1e-9 or (score <= picked[3] + 1e-9 and offering.gpus < picked[1].gpus)
-            ):
-                # Right-sizing: the first pool's machine is larger than the task. A later
-                # pool's machine of the same capacity type goes instead when it costs the
-                # task less per GPU it uses (the first would leave GPUs the team's queued
-                # work cannot fill: a 4-GPU machine for one 2-GPU task), or as little on
-                # a smaller machine: a machine shared by several tasks is held until the
-                # longest of them ends, and run times are not known in advance.
-                picked = (pool, offering, why, score, spare)
+        picked = self._pick(u, td, None)
         if picked is not None:
             pool, offering, why = picked[0], picked[1], picked[2]
             b = _Bin(
@@ -1115,6 +1130,8 @@ class _Packer:
             self.count[pool.name] += 1
             self.book.headroom[u.team] -= offering.hourly_price
             return index, pos
+        reasons: list[str] = []
+        self._pick(u, td, reasons)  # the same look (it changes nothing), now saying why
         self.refused[shape] = "; ".join(reasons) or f"queue {u.queue} has no pool"
         self._hold(u, self.refused[shape])
         return None
