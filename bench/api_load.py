@@ -16,7 +16,10 @@ the server takes it there). Long-polls wait on purpose,
 so their latency is kept out of the overall p50/p99; `long_poll_late_p99_ms` is how
 late an empty one came back after its hold ran out. --workers N starts
 the server with N API processes. A producer enqueues
---task-rate tasks/s with a team token; a task "runs" --task-s seconds.
+--task-rate tasks/s with a team token (on schedule, up to 64 in flight); a task "runs"
+--task-s seconds. Each agent has its own HTTP client and connections, as a real agent
+process does (one shared pool made long-polls starve the other calls in the client,
+and cost the client O(pool) per request).
 
 For each step it prints the sustained request rate, completions/s, p50/p99 latency
 per endpoint and overall, errors, and the client's own event-loop lag (when the
@@ -215,12 +218,16 @@ async def producer(
     agents: list[Agent],
 ) -> None:
     """Enqueue at `rate`/s, but keep at most `max_backlog` tasks waiting so a slow
-    server is measured, not buried under an ever-growing queue."""
+    server is measured, not buried under an ever-growing queue. Enqueues are sent on
+    schedule, not one after another's answer (many users enqueue at once), with at most
+    64 in flight: the rate holds while one enqueue takes longer than 1/rate."""
     interval = 1.0 / rate
     next_at = time.perf_counter()
-    while not stop.is_set():
-        busy = sum(1 for a in agents if a.running)
-        if rec.enqueued_total - rec.completed_total - busy < max_backlog:
+    in_flight: set[asyncio.Task[None]] = set()
+    gate = asyncio.Semaphore(64)
+
+    async def one() -> None:
+        async with gate:
             r = await rec.call(
                 client,
                 "enqueue",
@@ -229,12 +236,24 @@ async def producer(
                 headers=headers,
                 json={"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1},
             )
-            if r is not None:
-                rec.enqueued_total += 1
-                if rec.current is not None:
-                    rec.current.enqueued += 1
-        next_at += interval
-        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+        if r is not None:
+            rec.enqueued_total += 1
+            if rec.current is not None:
+                rec.current.enqueued += 1
+
+    try:
+        while not stop.is_set():
+            busy = sum(1 for a in agents if a.running)
+            waiting = rec.enqueued_total + len(in_flight) - rec.completed_total - busy
+            if waiting < max_backlog:
+                t = asyncio.create_task(one())
+                in_flight.add(t)
+                t.add_done_callback(in_flight.discard)
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+    finally:
+        for t in list(in_flight):
+            t.cancel()
 
 
 async def lag_probe(rec: Recorder, stop: asyncio.Event) -> None:
@@ -291,6 +310,11 @@ async def register(
 async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list[dict[str, Any]]:
     steps = [int(x) for x in args.agents.split(",")]
     limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
+    # Every agent its own client, as every real agent is its own process: its long-poll
+    # holds its own connection, and one shared pool of thousands of connections costs
+    # the client O(pool) per request (httpcore scans it), which would measure the client.
+    own = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    agent_clients: list[httpx.AsyncClient] = []
     timeout = httpx.Timeout(args.timeout_s)
     rec = Recorder()
     admin = {"Authorization": f"Bearer {admin_token}"}
@@ -313,8 +337,10 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
             for (wid, tok), fold in zip(new, folds, strict=True):
                 agent = Agent(len(agents), wid, tok, args, rec, fold)
                 agents.append(agent)
-                loops.append(asyncio.create_task(agent.heartbeats(client, stop)))
-                loops.append(asyncio.create_task(agent.work(client, stop)))
+                mine = httpx.AsyncClient(base_url=base_url, limits=own, timeout=timeout)
+                agent_clients.append(mine)
+                loops.append(asyncio.create_task(agent.heartbeats(mine, stop)))
+                loops.append(asyncio.create_task(agent.work(mine, stop)))
             rec.current = None
             await asyncio.sleep(args.warmup_s)  # new agents spread their first calls over this
             stats = Stats()
@@ -359,6 +385,8 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
         for t in loops:
             t.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        for mine in agent_clients:
+            await mine.aclose()
     return results
 
 
@@ -438,7 +466,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="idle lease long-poll (the agent's --lease-wait; capped at the next heartbeat); 0: poll",
     )
     p.add_argument("--workers", type=int, default=1, help="API processes (`autoscaler server --workers`)")
-    p.add_argument("--connections", type=int, default=200)
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=64,
+        help="connections of the producer's and admin's client (each agent has its own two, as a real agent"
+        " process does)",
+    )
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--p99-ms", type=float, default=100.0, help="the latency target")
     p.add_argument("--stop-above-ms", type=float, default=2000.0, help="end the ramp once p99 passes this")

@@ -5,7 +5,8 @@
 Starts a throwaway PostgreSQL server and, for each --workers value, the real
 `autoscaler server` process on 127.0.0.1 (as bench/api_load.py does), registers one
 agent, then times `/healthz`, a heartbeat, an empty lease and a lease carrying a
-heartbeat (an idle agent's one request per interval) one after the other.
+heartbeat (an idle agent's one request per interval) one after the other; then one
+task's life one task at a time: enqueue, the lease that takes it, start, finish.
 Prints, per call, the median latency after 10 warm-up requests and the server
 processes' CPU milliseconds per request (from /proc, so Linux only). Load cannot
 hide in a queue here: a fixed delay per request (Nagle + delayed ACK, a sleep)
@@ -75,7 +76,50 @@ async def measure(url: str, admin: str, pid: int, n: int) -> dict[str, dict[str,
                 "median_ms": round(statistics.median(times[10:]), 2),
                 "server_cpu_ms": round((cpu_ms(pid) - c0) / (n + 10), 2),
             }
+        out.update(await task_life(client, admin, wid, headers, pid, n))
     return out
+
+
+async def task_life(
+    client: httpx.AsyncClient, admin: str, wid: str, headers: dict[str, str], pid: int, n: int
+) -> dict[str, dict[str, float]]:
+    """One task's calls, each timed apart: the enqueue, the lease that takes it, start,
+    and finish (without output, which servers before issue 20 do not take there),
+    one task at a time."""
+    team = await client.post(
+        "/api/v1/tokens", headers={"Authorization": f"Bearer {admin}"}, json={"kind": "team", "team": "load"}
+    )
+    team.raise_for_status()
+    team_headers = {"Authorization": f"Bearer {team.json()['token']}"}
+    base = f"/api/v1/workers/{wid}"
+    times: dict[str, list[float]] = {k: [] for k in ("enqueue", "lease that takes a task", "start", "finish")}
+    cpu: dict[str, float] = dict.fromkeys(times, 0.0)
+
+    async def timed(name: str, method: str, path: str, body: object, hdrs: dict[str, str]) -> httpx.Response:
+        c0 = cpu_ms(pid)
+        t0 = time.perf_counter()
+        r = await client.request(method, path, json=body, headers=hdrs)
+        r.raise_for_status()
+        times[name].append((time.perf_counter() - t0) * 1000)
+        cpu[name] += cpu_ms(pid) - c0
+        return r
+
+    task = {"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1}
+    for _ in range(n + 10):
+        await timed("enqueue", "POST", "/api/v1/tasks", task, team_headers)
+        leased = await timed("lease that takes a task", "POST", f"{base}/lease", None, headers)
+        tid = leased.json()["task"]["id"]
+        await timed("start", "POST", f"{base}/tasks/{tid}/start", None, headers)
+        end = {"reason": "exit", "exit_code": 0}
+        await timed("finish", "POST", f"{base}/tasks/{tid}/finish", end, headers)
+    return {
+        name: {
+            "median_ms": round(statistics.median(ts[10:]), 2),
+            # /proc ticks are 10 ms: summed over all requests, then divided
+            "server_cpu_ms": round(cpu[name] / len(ts), 2),
+        }
+        for name, ts in times.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[int, dict[str, dict[str, float]]]:
