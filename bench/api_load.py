@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -50,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 LONG_POLL = "lease (long-poll)"  # kept out of the overall latency: it waits on purpose
+TASK = {"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1}  # what the producer enqueues
 CONFIG = """
 deployment: bench
 database_url: {db}
@@ -234,7 +236,7 @@ async def producer(
                 "POST",
                 "/api/v1/tasks",
                 headers=headers,
-                json={"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1},
+                json=TASK,
             )
         if r is not None:
             rec.enqueued_total += 1
@@ -269,6 +271,13 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+async def team_headers(client: httpx.AsyncClient, admin: dict[str, str]) -> dict[str, str]:
+    """A team token's headers for the bench's team (enqueues)."""
+    team = await client.post("/api/v1/tokens", headers=admin, json={"kind": "team", "team": "load"})
+    team.raise_for_status()
+    return {"Authorization": f"Bearer {team.json()['token']}"}
 
 
 async def register(
@@ -314,21 +323,19 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
     # holds its own connection, and one shared pool of thousands of connections costs
     # the client O(pool) per request (httpcore scans it), which would measure the client.
     own = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    agent_clients: list[httpx.AsyncClient] = []
     timeout = httpx.Timeout(args.timeout_s)
     rec = Recorder()
     admin = {"Authorization": f"Bearer {admin_token}"}
     results: list[dict[str, Any]] = []
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        team = await client.post("/api/v1/tokens", headers=admin, json={"kind": "team", "team": "load"})
-        team.raise_for_status()
-        team_headers = {"Authorization": f"Bearer {team.json()['token']}"}
+    async with (
+        httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client,
+        contextlib.AsyncExitStack() as agent_clients,
+    ):
+        team = await team_headers(client, admin)
         stop = asyncio.Event()
         agents: list[Agent] = []
         loops: list[asyncio.Task[None]] = [asyncio.create_task(lag_probe(rec, stop))]
-        loops.append(
-            asyncio.create_task(producer(client, team_headers, args.task_rate, rec, stop, args.max_backlog, agents))
-        )
+        loops.append(asyncio.create_task(producer(client, team, args.task_rate, rec, stop, args.max_backlog, agents)))
         for target in steps:
             t_reg = time.perf_counter()
             folds: list[tuple[bool, bool]] = []
@@ -337,8 +344,9 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
             for (wid, tok), fold in zip(new, folds, strict=True):
                 agent = Agent(len(agents), wid, tok, args, rec, fold)
                 agents.append(agent)
-                mine = httpx.AsyncClient(base_url=base_url, limits=own, timeout=timeout)
-                agent_clients.append(mine)
+                mine = await agent_clients.enter_async_context(
+                    httpx.AsyncClient(base_url=base_url, limits=own, timeout=timeout)
+                )
                 loops.append(asyncio.create_task(agent.heartbeats(mine, stop)))
                 loops.append(asyncio.create_task(agent.work(mine, stop)))
             rec.current = None
@@ -385,8 +393,6 @@ async def run(args: argparse.Namespace, base_url: str, admin_token: str) -> list
         for t in loops:
             t.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
-        for mine in agent_clients:
-            await mine.aclose()
     return results
 
 

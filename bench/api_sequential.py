@@ -30,14 +30,19 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.api_load import register, start_server, wait_healthy  # noqa: E402
+from bench.api_load import TASK, register, start_server, team_headers, wait_healthy  # noqa: E402
 
 
-def cpu_ms(pid: int) -> float:
-    """User + system CPU of `pid` and its children (uvicorn's worker processes)."""
+def server_pids(pid: int) -> list[int]:
+    """`pid` and its children (uvicorn's worker processes), found once per server."""
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [pid, *map(int, children)]
+
+
+def cpu_ms(pids: list[int]) -> float:
+    """User + system CPU of these processes."""
     ticks = 0
-    for p in [pid, *map(int, children)]:
+    for p in pids:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -48,6 +53,7 @@ def cpu_ms(pid: int) -> float:
 
 async def measure(url: str, admin: str, pid: int, n: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
+    pids = server_pids(pid)  # the server is up: its worker processes are there
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         ((wid, tok),) = await register(client, {"Authorization": f"Bearer {admin}"}, 1, 0)
         headers = {"Authorization": f"Bearer {tok}"}
@@ -66,7 +72,7 @@ async def measure(url: str, admin: str, pid: int, n: int) -> dict[str, dict[str,
         }
         for name, (method, path, body) in calls.items():
             times = []
-            c0 = cpu_ms(pid)
+            c0 = cpu_ms(pids)
             for _ in range(n + 10):
                 t0 = time.perf_counter()
                 r = await client.request(method, path, json=body, headers=headers)
@@ -74,39 +80,34 @@ async def measure(url: str, admin: str, pid: int, n: int) -> dict[str, dict[str,
                 times.append((time.perf_counter() - t0) * 1000)
             out[name] = {
                 "median_ms": round(statistics.median(times[10:]), 2),
-                "server_cpu_ms": round((cpu_ms(pid) - c0) / (n + 10), 2),
+                "server_cpu_ms": round((cpu_ms(pids) - c0) / (n + 10), 2),
             }
-        out.update(await task_life(client, admin, wid, headers, pid, n))
+        out.update(await task_life(client, admin, wid, headers, pids, n))
     return out
 
 
 async def task_life(
-    client: httpx.AsyncClient, admin: str, wid: str, headers: dict[str, str], pid: int, n: int
+    client: httpx.AsyncClient, admin: str, wid: str, headers: dict[str, str], pids: list[int], n: int
 ) -> dict[str, dict[str, float]]:
     """One task's calls, each timed apart: the enqueue, the lease that takes it, start,
     and finish (without output, which servers before issue 20 do not take there),
     one task at a time."""
-    team = await client.post(
-        "/api/v1/tokens", headers={"Authorization": f"Bearer {admin}"}, json={"kind": "team", "team": "load"}
-    )
-    team.raise_for_status()
-    team_headers = {"Authorization": f"Bearer {team.json()['token']}"}
+    team = await team_headers(client, {"Authorization": f"Bearer {admin}"})
     base = f"/api/v1/workers/{wid}"
     times: dict[str, list[float]] = {k: [] for k in ("enqueue", "lease that takes a task", "start", "finish")}
     cpu: dict[str, float] = dict.fromkeys(times, 0.0)
 
     async def timed(name: str, method: str, path: str, body: object, hdrs: dict[str, str]) -> httpx.Response:
-        c0 = cpu_ms(pid)
+        c0 = cpu_ms(pids)
         t0 = time.perf_counter()
         r = await client.request(method, path, json=body, headers=hdrs)
         r.raise_for_status()
         times[name].append((time.perf_counter() - t0) * 1000)
-        cpu[name] += cpu_ms(pid) - c0
+        cpu[name] += cpu_ms(pids) - c0
         return r
 
-    task = {"queue": "load", "command": ["train.py", "--epochs", "1"], "gpus": 1}
     for _ in range(n + 10):
-        await timed("enqueue", "POST", "/api/v1/tasks", task, team_headers)
+        await timed("enqueue", "POST", "/api/v1/tasks", TASK, team)
         leased = await timed("lease that takes a task", "POST", f"{base}/lease", None, headers)
         tid = leased.json()["task"]["id"]
         await timed("start", "POST", f"{base}/tasks/{tid}/start", None, headers)
